@@ -1,0 +1,16 @@
+# Every target sets up .venv first (idempotent; a few minutes on a fresh machine).
+PY := .venv/bin/python
+
+.PHONY: setup demo test bench
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	.venv/bin/vrag-rollout demo
+
+test: setup
+	$(PY) -m pytest
+
+bench: setup
+	$(PY) scripts/bench_observation.py
+	$(PY) scripts/bench_retriever.py

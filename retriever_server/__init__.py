@@ -1,0 +1,1 @@
+"""Page-image retriever: index PDFs and page images, search inside one document, fetch a page."""

@@ -1,0 +1,1 @@
+"""Multi-turn visual document-retrieval agent rollouts on vLLM for EasyR1-style RL trainers."""
