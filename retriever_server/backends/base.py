@@ -1,0 +1,63 @@
+"""The backend interface the HTTP app talks to.
+
+A backend answers two questions: which pages of a document best match a query
+(``search``), and what a page looks like (``page_image`` / ``page_text``). The app validates
+requests (known doc ids, page ranges, query length) before calling in, and turns pages into wire
+JSON itself, so a backend never sees raw request data or formats responses.
+
+A stronger engine is a drop-in: implement this class and hand the instance to
+``retriever_server.app.create_app``. A Qdrant backend, for example, would
+
+- at index time: embed each page (dense vectors or ColQwen-style multi-vectors, from a pluggable
+  encoder) and upsert points with payload ``{"doc_id": ..., "page": ...}`` into a collection,
+  next to the same ``PageStore`` directory for images and text (``build_index`` already writes it);
+- at query time: ``QdrantClient(path=...)`` (in-process local mode, for tests) or
+  ``QdrantClient(url=...)`` (a server, for production); encode the queries, and for each query
+  run ``query_points`` with a ``Filter(must=[FieldCondition(key="doc_id", match=MatchValue(...))])``
+  and ``limit=top_n`` (batched with ``query_batch_points``), mapping each point's payload to a
+  ``Hit``;
+- delegate ``documents``/``page_image``/``page_text`` to the ``PageStore``.
+Nothing in the app, the wire format or the client changes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..store import PageImage
+
+
+@dataclass(frozen=True)
+class Hit:
+    doc_id: str
+    page: int  # 1-based
+    score: float
+
+
+class Backend(ABC):
+    name: str = "abstract"
+
+    @abstractmethod
+    def documents(self) -> Mapping[str, int]:
+        """doc_id -> number of pages."""
+
+    @abstractmethod
+    def search(self, queries: list[str], doc_ids: list[str], top_n: int) -> list[list[Hit]]:
+        """For each i, the best ``top_n`` pages of ``doc_ids[i]`` for ``queries[i]``, best first.
+
+        Each query is searched only inside its own document. Callers pass known doc ids and
+        non-empty queries; ties are broken by page number so answers are deterministic.
+        """
+
+    @abstractmethod
+    def page_image(self, doc_id: str, page: int) -> PageImage:
+        """Pre-encoded image of a 1-based page; KeyError/IndexError when absent."""
+
+    @abstractmethod
+    def page_text(self, doc_id: str, page: int) -> str:
+        """Text of a 1-based page (PDF text layer or OCR); KeyError/IndexError when absent."""
+
+    def close(self) -> None:
+        """Release resources (a client connection, mmaps). Optional."""

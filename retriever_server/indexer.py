@@ -1,0 +1,161 @@
+"""Build an index directory: page images, text, BM25, manifest; written atomically.
+
+Everything goes into a temporary directory beside the target, which is renamed into place only
+once complete, so readers never see a half-written index. Re-indexing builds a fresh directory
+and swaps it in (the previous one is removed after the swap).
+
+Pages are ingested in chunks (a page range of one document); with ``workers > 1`` the chunks
+run in worker processes (render + JPEG encode is CPU-bound and pdfium is not thread-safe).
+Row numbers are assigned before any work starts, so the result does not depend on scheduling.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from .backends import bm25
+from .imaging import DEFAULT_DPI, DEFAULT_JPEG_QUALITY, DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
+from .ingest import DocSource, OcrPolicy, count_pages, discover, iter_pages
+from .manifest import MANIFEST_NAME, DocEntry, Manifest, PageEntry, image_name, write_manifest
+
+CHUNK_PAGES = 16
+# Below this many pages, starting worker processes costs more than it saves.
+MIN_PAGES_FOR_WORKERS = 64
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    doc: DocSource
+    first: int
+    last: int
+    first_row: int
+    out: Path
+    min_pixels: int
+    max_pixels: int
+    quality: int
+    ocr: str
+    dpi: float
+
+
+def _ingest_chunk(chunk: _Chunk) -> tuple[list[PageEntry], int]:
+    """Write the chunk's JPEGs into the build dir; its manifest entries and OCR-skipped count."""
+    policy = OcrPolicy(chunk.ocr)
+    entries = []
+    for offset, page in enumerate(iter_pages(chunk.doc, min_pixels=chunk.min_pixels,
+                                             max_pixels=chunk.max_pixels, jpeg_quality=chunk.quality,
+                                             ocr=policy, first=chunk.first, last=chunk.last,
+                                             dpi=chunk.dpi)):
+        name = image_name(chunk.first_row + offset)
+        (chunk.out / name).write_bytes(page.jpeg)
+        entries.append(PageEntry(chunk.doc.doc_id, page.page, page.text, page.text_source, name,
+                                 page.width, page.height, len(page.jpeg)))
+    if len(entries) != chunk.last - chunk.first + 1:
+        raise ValueError(f"{chunk.doc.path}: expected pages {chunk.first}..{chunk.last}, "
+                         f"read {len(entries)}")
+    return entries, policy.skipped
+
+
+def build_index(sources: list[Path], out_dir: Path, *, min_pixels: int = DEFAULT_MIN_PIXELS,
+                max_pixels: int = DEFAULT_MAX_PIXELS, jpeg_quality: int = DEFAULT_JPEG_QUALITY,
+                ocr: str = "auto", dpi: float = DEFAULT_DPI, progress: bool = True,
+                workers: int | None = None) -> Path:
+    """Index ``sources`` (PDFs, folders of PDFs, folders of page images) into ``out_dir``.
+
+    ``workers``: ingest processes (default: one per CPU for corpora of 64+ pages, else 1).
+    """
+    out_dir = Path(out_dir).absolute()
+    if not 18 <= dpi <= 600:
+        raise ValueError(f"dpi must be in 18..600, got {dpi}")
+    if not 1 <= jpeg_quality <= 95:
+        raise ValueError(f"jpeg_quality must be in 1..95, got {jpeg_quality}")
+    if out_dir.exists() and not (out_dir / MANIFEST_NAME).is_file():
+        raise FileExistsError(f"{out_dir} exists and is not an index; refusing to replace it")
+    docs = discover([Path(s) for s in sources])
+    OcrPolicy(ocr)  # validate the mode (and tesseract for "on") before any work
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
+    try:
+        settings = {"min_pixels": min_pixels, "max_pixels": max_pixels,
+                    "quality": jpeg_quality, "ocr": ocr, "dpi": dpi}
+        manifest, skipped = _build_into(tmp, docs, settings, progress, workers)
+        write_manifest(tmp, manifest)
+        _swap_in(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if skipped:
+        print(f"notice: {skipped} page(s) have no text layer and tesseract is not installed; "
+              f"they are indexed without text (install tesseract-ocr to OCR them)", file=sys.stderr)
+    return out_dir
+
+
+def _plan(docs: list[DocSource], tmp: Path, settings: dict) -> tuple[list[_Chunk], list[DocEntry]]:
+    chunks, entries, row = [], [], 0
+    for doc in docs:
+        n = count_pages(doc)
+        if n == 0:
+            raise ValueError(f"{doc.path}: document has no pages")
+        entries.append(DocEntry(doc.doc_id, str(doc.path), n, row))
+        for first in range(1, n + 1, CHUNK_PAGES):
+            last = min(n, first + CHUNK_PAGES - 1)
+            chunks.append(_Chunk(doc, first, last, row + first - 1, tmp, **settings))
+        row += n
+    return chunks, entries
+
+
+def _build_into(tmp: Path, docs, settings: dict, progress: bool,
+                workers: int | None) -> tuple[Manifest, int]:
+    (tmp / "pages").mkdir()
+    chunks, doc_entries = _plan(docs, tmp, settings)
+    total = sum(d.num_pages for d in doc_entries)
+    if workers is None:
+        workers = (os.cpu_count() or 1) if total >= MIN_PAGES_FOR_WORKERS else 1
+    pages: list[PageEntry] = []
+    skipped = 0
+    with tqdm(total=total, unit="page", desc="indexing", disable=not progress) as bar:
+        if workers <= 1:
+            results = map(_ingest_chunk, chunks)
+            pool = None
+        else:
+            # spawn: pdfium state must not be inherited through fork.
+            pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+            results = pool.map(_ingest_chunk, chunks)
+        try:
+            for entries, chunk_skipped in results:  # in chunk order, so rows stay in order
+                pages.extend(entries)
+                skipped += chunk_skipped
+                bar.update(len(entries))
+        finally:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
+    backend = bm25.build([p.text for p in pages], tmp)
+    recorded = {k: v for k, v in settings.items() if k != "quality"}
+    manifest = Manifest(docs=doc_entries, pages=pages, backend=backend,
+                        settings={**recorded, "jpeg_quality": settings["quality"]})
+    manifest.check()
+    return manifest, skipped
+
+
+def _swap_in(tmp: Path, out_dir: Path) -> None:
+    if not out_dir.exists():
+        tmp.rename(out_dir)
+        return
+    # Two renames: the old index moves aside, the new one takes its name; then the old one goes.
+    old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+    old.rmdir()
+    out_dir.rename(old)
+    try:
+        tmp.rename(out_dir)
+    except BaseException:
+        old.rename(out_dir)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,183 @@
+"""Turn sources (PDFs, folders of PDFs, folders of page images) into pages.
+
+Discovery decides what the documents are (doc id = file stem or folder name); page extraction
+reads one document and yields, per 1-based page, its text and its JPEG bytes at the stored size.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pypdfium2 as pdfium
+from PIL import Image
+
+from . import ocr as ocr_mod
+from .imaging import DEFAULT_DPI, encode_jpeg, fit_to_budget
+
+IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".bmp", ".gif"})
+OCR_MODES = ("auto", "on", "off")
+# Resolution of the extra render used only as OCR input (tesseract wants ~200-300 dpi).
+OCR_DPI = 200
+
+
+@dataclass(frozen=True)
+class DocSource:
+    doc_id: str
+    kind: str  # "pdf" or "images"
+    path: Path
+    image_paths: tuple[Path, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class IngestedPage:
+    page: int  # 1-based
+    text: str
+    text_source: str  # "pdf", "ocr" or "none"
+    jpeg: bytes
+    width: int
+    height: int
+
+
+def _natural_key(path: Path) -> list:
+    # page_2 sorts before page_10.
+    return [int(part) if part.isdigit() else part.lower() for part in re.split(r"(\d+)", path.name)]
+
+
+def _images_in(folder: Path) -> list[Path]:
+    return sorted((p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES),
+                  key=_natural_key)
+
+
+def discover(sources: list[Path]) -> list[DocSource]:
+    """Documents named by ``sources``; raises ValueError on a missing source or a duplicate doc id."""
+    docs: list[DocSource] = []
+    for src in map(Path, sources):
+        if src.is_file():
+            if src.suffix.lower() != ".pdf":
+                raise ValueError(f"{src}: not a PDF; pass page images as a folder (one per document)")
+            docs.append(DocSource(src.stem, "pdf", src))
+        elif src.is_dir():
+            images = _images_in(src)
+            if images:
+                docs.append(DocSource(src.name, "images", src, tuple(images)))
+            for child in sorted(src.iterdir(), key=_natural_key):
+                if child.is_file() and child.suffix.lower() == ".pdf":
+                    docs.append(DocSource(child.stem, "pdf", child))
+                elif child.is_dir() and (child_images := _images_in(child)):
+                    docs.append(DocSource(child.name, "images", child, tuple(child_images)))
+        else:
+            raise ValueError(f"{src}: no such file or folder")
+    seen: dict[str, Path] = {}
+    for doc in docs:
+        if doc.doc_id in seen:
+            raise ValueError(f"duplicate doc id {doc.doc_id!r}: {seen[doc.doc_id]} and {doc.path}")
+        seen[doc.doc_id] = doc.path
+    if not docs:
+        raise ValueError("no documents found (expected PDFs or folders of page images)")
+    return docs
+
+
+def count_pages(doc: DocSource) -> int:
+    if doc.kind == "images":
+        return len(doc.image_paths)
+    pdf = _open_pdf(doc.path)
+    try:
+        return len(pdf)
+    finally:
+        pdf.close()
+
+
+def _open_pdf(path: Path) -> pdfium.PdfDocument:
+    try:
+        return pdfium.PdfDocument(path)
+    except pdfium.PdfiumError as exc:
+        raise ValueError(f"{path}: cannot open PDF ({exc})") from exc
+
+
+@dataclass
+class OcrPolicy:
+    """Whether to OCR text-less pages; counts the pages it had to skip for the final notice."""
+
+    mode: str = "auto"
+    skipped: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in OCR_MODES:
+            raise ValueError(f"ocr must be one of {OCR_MODES}, got {self.mode!r}")
+        self.available = ocr_mod.tesseract_path() is not None
+        if self.mode == "on" and not self.available:
+            raise RuntimeError("ocr='on' but tesseract is not installed (apt-get install tesseract-ocr)")
+
+    def wants(self, text: str) -> bool:
+        if self.mode == "off" or not ocr_mod.needs_ocr(text):
+            return False
+        if not self.available:
+            self.skipped += 1
+            return False
+        return True
+
+
+def iter_pages(doc: DocSource, *, min_pixels: int, max_pixels: int, jpeg_quality: int,
+               ocr: OcrPolicy, first: int = 1, last: int | None = None,
+               dpi: float = DEFAULT_DPI) -> Iterator[IngestedPage]:
+    """Pages ``first..last`` (1-based, inclusive; default all) of ``doc``.
+
+    PDF pages are rendered at ``dpi`` and page images keep their resolution, then both are fitted
+    into [min_pixels, max_pixels].
+    """
+    if doc.kind == "pdf":
+        yield from _pdf_pages(doc.path, min_pixels, max_pixels, jpeg_quality, ocr, first, last, dpi)
+    else:
+        yield from _image_pages(doc.image_paths, min_pixels, max_pixels, jpeg_quality, ocr,
+                                first, last)
+
+
+def _pdf_pages(path: Path, min_pixels: int, max_pixels: int, quality: int, ocr: OcrPolicy,
+               first: int, last: int | None, dpi: float) -> Iterator[IngestedPage]:
+    pdf = _open_pdf(path)
+    try:
+        stop = len(pdf) if last is None else min(last, len(pdf))
+        for index in range(first - 1, stop):
+            page = pdf[index]
+            textpage = page.get_textpage()
+            text = textpage.get_text_range().replace("\r\n", "\n")
+            textpage.close()
+            width_pt, height_pt = page.get_size()
+            if page.get_rotation() in (90, 270):
+                width_pt, height_pt = height_pt, width_pt
+            size = fit_to_budget(width_pt * dpi / 72, height_pt * dpi / 72, min_pixels, max_pixels)
+            # Render at the stored size: the scale covers both sides, and the pixel or two of
+            # excess from rounding to the 28-grid is cropped (cheaper than resampling).
+            scale = max(size[0] / width_pt, size[1] / height_pt)
+            image = page.render(scale=scale, rev_byteorder=True).to_pil()
+            if image.size != size and image.width >= size[0] and image.height >= size[1]:
+                image = image.crop((0, 0, *size))
+            source = "pdf" if text.strip() else "none"
+            if ocr.wants(text):
+                scan = page.render(scale=OCR_DPI / 72, rev_byteorder=True).to_pil()
+                text, source = ocr_mod.ocr_image(scan), "ocr"
+            page.close()
+            yield IngestedPage(index + 1, text, source, encode_jpeg(image, size, quality), *size)
+    finally:
+        pdf.close()
+
+
+def _image_pages(paths: tuple[Path, ...], min_pixels: int, max_pixels: int, quality: int,
+                 ocr: OcrPolicy, first: int, last: int | None) -> Iterator[IngestedPage]:
+    stop = len(paths) if last is None else min(last, len(paths))
+    for number in range(first, stop + 1):
+        path = paths[number - 1]
+        try:
+            with Image.open(path) as raw:
+                raw.load()
+                image = raw.convert("RGB")
+        except OSError as exc:
+            raise ValueError(f"{path}: cannot read image ({exc})") from exc
+        size = fit_to_budget(*image.size, min_pixels, max_pixels)
+        text, source = "", "none"
+        if ocr.wants(text):
+            text, source = ocr_mod.ocr_image(image), "ocr"
+        yield IngestedPage(number, text, source, encode_jpeg(image, size, quality), *size)

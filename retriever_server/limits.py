@@ -1,0 +1,63 @@
+"""Request limits, and the pure per-item checks that turn bad items into readable reasons."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_batch: int = 1024  # queries per /batch_search or /batch_fetch request
+    max_query_chars: int = 2000
+    max_top_n: int = 50
+    max_body_bytes: int = 8 * 1024 * 1024
+
+
+_ID_ECHO = 80  # how much of a bad id/spec we quote back
+
+
+def _quote(value: str) -> str:
+    return repr(value if len(value) <= _ID_ECHO else value[:_ID_ECHO] + "...")
+
+
+def doc_problem(doc_id: str, documents: Mapping[str, int]) -> str | None:
+    if doc_id in documents:
+        return None
+    return f"unknown document id {_quote(doc_id)}; GET /documents lists the indexed ids"
+
+
+def query_problem(query: str, limits: Limits) -> str | None:
+    if not query.strip():
+        return "empty query; write a few keywords that describe the page you are looking for"
+    if len(query) > limits.max_query_chars:
+        return (f"query is {len(query)} characters long; the limit is {limits.max_query_chars}. "
+                f"Use a shorter query")
+    return None
+
+
+def page_problem(doc_id: str, page: int, documents: Mapping[str, int]) -> str | None:
+    count = documents[doc_id]
+    if 1 <= page <= count:
+        return None
+    return f"page {page} is out of range; document {_quote(doc_id)} has pages 1..{count}"
+
+
+_FETCH_RE = re.compile(r"^\s*(image|text)\s*,\s*(\d{1,9})\s*$", re.IGNORECASE)
+# ALDEN's models also wrote "3-th" for "the image of page 3".
+_NTH_RE = re.compile(r"^\s*(\d{1,9})\s*-\s*th\s*$", re.IGNORECASE)
+
+
+def parse_fetch_spec(spec: str) -> tuple[str, int] | None:
+    """``"image, 3"`` / ``"text, 3"`` / ``"3-th"`` -> (modality, 1-based page); None if malformed."""
+    if (m := _FETCH_RE.match(spec)) is not None:
+        return m.group(1).lower(), int(m.group(2))
+    if (m := _NTH_RE.match(spec)) is not None:
+        return "image", int(m.group(1))
+    return None
+
+
+def fetch_spec_problem(spec: str) -> str:
+    return (f"cannot read fetch request {_quote(spec)}; write \"image, <page>\" or "
+            f"\"text, <page>\" with a page number counted from 1")

@@ -1,0 +1,96 @@
+"""The index manifest: what an index directory holds, in one JSON file.
+
+Rows of ``pages`` are in corpus order (the order of the BM25 matrix); a document's pages are
+contiguous and sorted by page number, which is what lets search slice one document cheaply.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+FORMAT = "vrag-retriever-index"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+# Image names are written by the indexer only; the store refuses anything else (defence in depth
+# against a hand-edited manifest pointing outside the index).
+IMAGE_NAME_RE = re.compile(r"^pages/[0-9]{6,}\.jpg$")
+
+
+def image_name(row: int) -> str:
+    return f"pages/{row:06d}.jpg"
+
+
+@dataclass(frozen=True)
+class PageEntry:
+    doc_id: str
+    page: int  # 1-based
+    text: str
+    text_source: str
+    image: str  # relative file name inside the index dir
+    width: int
+    height: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class DocEntry:
+    doc_id: str
+    source: str
+    num_pages: int
+    first_row: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    docs: list[DocEntry]
+    pages: list[PageEntry]
+    settings: dict
+    backend: dict
+    format: str = FORMAT
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False, indent=1)
+
+    @classmethod
+    def from_json(cls, raw: str) -> "Manifest":
+        data = json.loads(raw)
+        if data.get("format") != FORMAT:
+            raise ValueError("not a vrag-retriever index (manifest format mismatch)")
+        if data.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"index format version {data.get('format_version')} is not supported "
+                             f"(this build reads version {FORMAT_VERSION}); re-run `vrag-retriever index`")
+        manifest = cls(docs=[DocEntry(**d) for d in data["docs"]],
+                       pages=[PageEntry(**p) for p in data["pages"]],
+                       settings=data["settings"], backend=data["backend"])
+        manifest.check()
+        return manifest
+
+    def check(self) -> None:
+        """Raise ValueError unless docs and pages agree (contiguous, 1-based, safe image names)."""
+        for doc in self.docs:
+            rows = self.pages[doc.first_row:doc.first_row + doc.num_pages]
+            if len(rows) != doc.num_pages or doc.num_pages < 1:
+                raise ValueError(f"manifest: bad page range for {doc.doc_id!r}")
+            for number, entry in enumerate(rows, start=1):
+                if entry.doc_id != doc.doc_id or entry.page != number:
+                    raise ValueError(f"manifest: pages of {doc.doc_id!r} are not 1..{doc.num_pages}")
+        if sum(d.num_pages for d in self.docs) != len(self.pages):
+            raise ValueError("manifest: page count mismatch")
+        for entry in self.pages:
+            if not IMAGE_NAME_RE.match(entry.image):
+                raise ValueError(f"manifest: refusing image name {entry.image!r}")
+
+
+def read_manifest(index_dir: Path) -> Manifest:
+    path = Path(index_dir) / MANIFEST_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{index_dir}: no {MANIFEST_NAME}; not an index directory")
+    return Manifest.from_json(path.read_text(encoding="utf-8"))
+
+
+def write_manifest(index_dir: Path, manifest: Manifest) -> None:
+    (Path(index_dir) / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")

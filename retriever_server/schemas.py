@@ -1,0 +1,61 @@
+"""Request and response models of the HTTP API (the ALDEN / VRAG wire format)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class BatchSearchRequest(BaseModel):
+    # Unknown fields (ALDEN's recall_ocr, mm_fetch) are accepted and ignored.
+    model_config = ConfigDict(extra="ignore")
+    query: list[str] = Field(description="one query per item")
+    id: list[str] | str = Field(description="doc id per query (or one doc id for all queries)")
+    top_n: int = Field(10, description="pages per query, best first")
+    return_score: bool = Field(False, description="add a `score` field to each hit")
+
+
+class BatchFetchRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    query: list[str] = Field(description='"image, <page>", "text, <page>" or "<page>-th"; 1-based')
+    id: list[str] | str = Field(description="doc id per fetch (or one doc id for all)")
+
+
+class SearchRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    query: str
+    id: str
+    top_n: int = 10
+    return_score: bool = False
+
+
+class Item(BaseModel):
+    """A hit, a fetched page, or ``{"id": "error", "contents": reason}``."""
+
+    id: str = Field(description='page id "<doc>_<page>" (1-based), "image, 3", "text, 3" or "error"')
+    contents: str = Field(description="standard base64 JPEG, page text, or the error reason")
+    doc_id: str | None = None
+    page: int | None = None
+    mime: str | None = None
+    score: float | None = None
+
+
+class DocumentInfo(BaseModel):
+    doc_id: str
+    num_pages: int
+
+
+class DocumentList(BaseModel):
+    documents: list[DocumentInfo]
+
+
+class Health(BaseModel):
+    status: str
+    backend: str
+    documents: int
+    pages: int
+
+
+class Problem(BaseModel):
+    """Body of a 401 / 413 / 422 answer."""
+
+    detail: str = Field(description="what is wrong with the request, in words")

@@ -1,0 +1,59 @@
+"""Read side of an index directory: pages looked up by (doc_id, page) in the manifest.
+
+Ids from requests are only ever dictionary keys here; file names come from the manifest, so no
+request can name a path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .manifest import DocEntry, Manifest, PageEntry, read_manifest
+
+
+@dataclass(frozen=True)
+class PageImage:
+    jpeg: bytes
+    width: int
+    height: int
+    mime: str = "image/jpeg"
+
+
+class PageStore:
+    def __init__(self, root: Path, manifest: Manifest):
+        self.root = Path(root).resolve()
+        self.manifest = manifest
+        self._docs: dict[str, DocEntry] = {d.doc_id: d for d in manifest.docs}
+        self._page_counts = {d.doc_id: d.num_pages for d in manifest.docs}
+
+    @classmethod
+    def open(cls, index_dir) -> "PageStore":
+        return cls(Path(index_dir), read_manifest(Path(index_dir)))
+
+    def documents(self) -> Mapping[str, int]:
+        """doc_id -> number of pages, in index order."""
+        return self._page_counts
+
+    def doc_rows(self, doc_id: str) -> tuple[int, int]:
+        """[start, stop) rows of ``doc_id`` in corpus order; KeyError when unknown."""
+        doc = self._docs[doc_id]
+        return doc.first_row, doc.first_row + doc.num_pages
+
+    def entry(self, doc_id: str, page: int) -> PageEntry:
+        """Manifest entry of a 1-based page; KeyError / IndexError when absent."""
+        doc = self._docs[doc_id]
+        if not 1 <= page <= doc.num_pages:
+            raise IndexError(f"page {page} out of range 1..{doc.num_pages}")
+        return self.manifest.pages[doc.first_row + page - 1]
+
+    def entry_at(self, row: int) -> PageEntry:
+        return self.manifest.pages[row]
+
+    def page_text(self, doc_id: str, page: int) -> str:
+        return self.entry(doc_id, page).text
+
+    def page_image(self, doc_id: str, page: int) -> PageImage:
+        entry = self.entry(doc_id, page)
+        return PageImage((self.root / entry.image).read_bytes(), entry.width, entry.height)

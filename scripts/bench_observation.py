@@ -1,0 +1,131 @@
+#!/usr/bin/env python
+"""CPU cost of turning one retrieved page (base64 JPEG) into observation tokens + grid.
+
+Project path:   decode_base64_image + fit_to_band (pure arithmetic grid) + expanded token ids.
+Reference path: the seed implementation's way: decode, run the full Qwen2-VL image processor
+                once to count the page's tokens, and once more for image_grid_thw (positions).
+
+Both run in one process on the same pages, interleaved page by page, timed with
+time.process_time() (CPU time of this process) with torch limited to one thread.
+Exit status 0 and PASS if the median speed-up is >= the target (5x), else 1 and FAIL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import random
+import statistics
+import sys
+import time
+
+import torch
+from PIL import Image, ImageDraw
+
+from vrag_rollout.vision import PixelBand, decode_base64_image, fit_to_band
+
+P = 28 * 28
+BAND = PixelBand(256 * P, 512 * P)  # VRAG's page band
+TARGET = 5.0
+# Stand-ins for the tokenizer's ids: only the list construction is being timed.
+VISION_START, IMAGE_PAD, VISION_END = 1, 2, 3
+
+
+def render_page(index: int, size=(850, 1100)) -> Image.Image:
+    """A deterministic synthetic document page: title, text lines, a table and a chart."""
+    rng = random.Random(index)
+    w, h = size
+    img = Image.new("RGB", size, "white")
+    d = ImageDraw.Draw(img)
+    d.text((60, 50), f"Annual report {2000 + index} - page {index + 1}", fill="black")
+    y = 100
+    words = "revenue profit growth market sales cost table figure summary result page report".split()
+    while y < h - 80:
+        if rng.random() < 0.12:  # a table
+            rows, cols = rng.randint(3, 6), rng.randint(3, 5)
+            cw = (w - 120) // cols
+            for r in range(rows):
+                for c in range(cols):
+                    box = (60 + c * cw, y + r * 22, 60 + (c + 1) * cw, y + (r + 1) * 22)
+                    d.rectangle(box, outline="black")
+                    d.text((box[0] + 4, box[1] + 5), f"{rng.randint(0, 9999)}", fill="black")
+            y += rows * 22 + 20
+        elif rng.random() < 0.08:  # a bar chart
+            for b in range(8):
+                bh = rng.randint(20, 120)
+                d.rectangle((80 + b * 40, y + 130 - bh, 105 + b * 40, y + 130), fill=(40, 90, 160))
+            y += 150
+        else:
+            line = " ".join(rng.choice(words) for _ in range(rng.randint(6, 14)))
+            d.text((60, y), line, fill=(20, 20, 20))
+            y += 18
+    return img
+
+
+def encode_page(img: Image.Image) -> str:
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", quality=85)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def project_path(b64: str) -> tuple[tuple[int, int, int], list[int]]:
+    page = fit_to_band(decode_base64_image(b64), BAND)
+    ids = [VISION_START] + [IMAGE_PAD] * page.num_tokens + [VISION_END]
+    return page.grid_thw, ids
+
+
+def reference_path(b64: str, processor) -> tuple[tuple[int, int, int], list[int]]:
+    img = Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB")
+    counted = processor(images=[img], return_tensors="pt")  # 1st run: how many tokens?
+    n = int(counted["image_grid_thw"][0].prod()) // BAND.merge_size**2
+    ids = [VISION_START] + [IMAGE_PAD] * n + [VISION_END]
+    again = processor(images=[img], return_tensors="pt")  # 2nd run: grid for position ids
+    return tuple(again["image_grid_thw"][0].tolist()), ids
+
+
+def cpu_ms(fn, *args):
+    t0 = time.process_time()
+    out = fn(*args)
+    return (time.process_time() - t0) * 1000.0, out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pages", type=int, default=30)
+    ap.add_argument("--width", type=int, default=850)
+    ap.add_argument("--height", type=int, default=1100)
+    args = ap.parse_args(argv)
+
+    from transformers import Qwen2VLImageProcessor
+
+    torch.set_num_threads(1)  # process_time counts every thread; one thread keeps it honest
+    processor = Qwen2VLImageProcessor(size={"shortest_edge": BAND.min_pixels, "longest_edge": BAND.max_pixels})
+    pages = [encode_page(render_page(i, (args.width, args.height))) for i in range(args.pages)]
+    kib = statistics.median(len(p) * 3 / 4 / 1024 for p in pages)
+
+    project_path(pages[0]), reference_path(pages[0], processor)  # warm-up (imports, caches)
+    ours, ref = [], []
+    for b64 in pages:
+        t_ours, (grid_a, ids_a) = cpu_ms(project_path, b64)
+        t_ref, (grid_b, ids_b) = cpu_ms(reference_path, b64, processor)
+        if grid_a != grid_b or ids_a != ids_b:
+            print(f"MISMATCH: project grid {grid_a} vs processor grid {grid_b}")
+            return 2
+        ours.append(t_ours)
+        ref.append(t_ref)
+
+    m_ours, m_ref = statistics.median(ours), statistics.median(ref)
+    ratio = m_ref / m_ours
+    print(f"pages: {args.pages} synthetic {args.width}x{args.height} JPEG q85 (median {kib:.0f} KiB), band 256..512*28*28")
+    print(f"grid {grid_a} -> {len(ids_a) - 2} image tokens per page (both paths agree on every page)")
+    print("timer: time.process_time() (CPU time), torch threads = 1")
+    print(f"project   (decode + fit_to_band + ids):          median {m_ours:7.2f} ms/page")
+    print(f"reference (decode + image processor x2 + ids):   median {m_ref:7.2f} ms/page")
+    print(f"speed-up: {ratio:.1f}x (target >= {TARGET:g}x)")
+    print("PASS" if ratio >= TARGET else "FAIL")
+    return 0 if ratio >= TARGET else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,433 @@
+"""RetrieverClient against a real HTTP server on 127.0.0.1 that can be told to misbehave."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vrag_rollout.retriever_client import (
+    FetchSpec,
+    HttpTransport,
+    MalformedResponse,
+    RetrievedPage,
+    RetrieverClient,
+    RetrieverFailure,
+    TransportHTTPError,
+    TransportTimeout,
+    parse_fetch_results,
+    parse_search_results,
+)
+
+DOCS = {"annual_report": 5, "manual_v2": 3}
+
+
+def page_b64(doc: str, page: int) -> str:
+    return base64.b64encode(f"jpeg:{doc}:{page}".encode()).decode()
+
+
+def wire_answer(path: str, body: dict):
+    """A correct retriever: what the real server would say (the retriever-api wire format)."""
+    if path == "/batch_search":
+        out = []
+        for query, doc in zip(body["query"], body["id"]):
+            if query == "boom" or doc not in DOCS:
+                out.append([{"id": "error", "contents": f"cannot search {doc!r}"}])
+                continue
+            n = DOCS[doc]
+            pages = [(len(query) + k) % n + 1 for k in range(min(body["top_n"], n))]
+            out.append([{"id": f"{doc}_{p}", "contents": page_b64(doc, p)} for p in pages])
+        return out
+    if path == "/batch_fetch":
+        out = []
+        for spec, doc in zip(body["query"], body["id"]):
+            modality, page = spec.split(", ")
+            page = int(page)
+            if doc not in DOCS or page > DOCS[doc]:
+                out.append({"id": "error", "contents": f"page {page} out of range for {doc}"})
+            elif modality == "text":
+                out.append({"id": spec, "contents": f"text of {doc} page {page}"})
+            else:
+                out.append({"id": spec, "contents": page_b64(doc, page)})
+        return out
+    return None
+
+
+class FakeRetriever:
+    """Threaded HTTP server. `script` holds actions for the next requests, first first; when it is
+    empty requests get the correct wire answer. Actions: ("status", code), ("raw", bytes),
+    ("json", obj), ("hang",) (sleeps until released, past any client timeout)."""
+
+    def __init__(self, delay: float = 0.0):
+        self.script: list[tuple] = []
+        self.delay = delay
+        self.requests: list[tuple[str, dict, dict]] = []  # (path, headers, body)
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.lock = threading.Lock()
+        self.release = threading.Event()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep test output quiet
+                pass
+
+            def do_GET(self):
+                self._reply(200, b'{"status": "ok"}') if self.path == "/health" else self._reply(404, b"{}")
+
+            def do_POST(self):
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                body = json.loads(raw)
+                with fake.lock:
+                    fake.requests.append((self.path, dict(self.headers), body))
+                    action = fake.script.pop(0) if fake.script else None
+                    fake.in_flight += 1
+                    fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
+                try:
+                    if fake.delay:
+                        time.sleep(fake.delay)
+                    if action is None:
+                        self._reply(200, json.dumps(wire_answer(self.path, body)).encode())
+                    elif action[0] == "hang":
+                        fake.release.wait(10)
+                        self._reply(200, json.dumps(wire_answer(self.path, body)).encode())
+                    elif action[0] == "status":
+                        self._reply(action[1], b'{"detail": "injected"}')
+                    elif action[0] == "raw":
+                        self._reply(200, action[1])
+                    elif action[0] == "json":
+                        self._reply(200, json.dumps(action[1]).encode())
+                finally:
+                    with fake.lock:
+                        fake.in_flight -= 1
+
+            def _reply(self, code: int, data: bytes):
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (timeout): expected in these tests
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.server.block_on_close = False
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+        self.thread.start()
+
+    def paths(self) -> Counter:
+        return Counter(p for p, _, _ in self.requests)
+
+    def stop(self):
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake():
+    server = FakeRetriever()
+    yield server
+    server.stop()
+
+
+def client_for(fake: FakeRetriever, **kw) -> RetrieverClient:
+    kw.setdefault("timeout", 2.0)
+    kw.setdefault("backoff", 0.0)
+    return RetrieverClient(fake.url, **kw)
+
+
+# --------------------------------------------------------------------------- happy path
+
+
+def test_search_and_fetch_happy_path(fake):
+    with client_for(fake) as client:
+        res = client.batch_search(["revenue", "boom", "safety"], ["annual_report", "annual_report", "manual_v2"], top_n=2)
+        assert len(res) == 3
+        first = res[0]
+        assert isinstance(first, list) and len(first) == 2
+        for hit in first:
+            assert isinstance(hit, RetrievedPage)
+            assert hit.doc_id == "annual_report" and hit.modality == "image"
+            assert hit.page_id == f"annual_report_{hit.page}"
+            assert base64.b64decode(hit.contents) == f"jpeg:annual_report:{hit.page}".encode()
+        # one query erroring fails that query only
+        assert res[1] == RetrieverFailure("server", "cannot search 'annual_report'")
+        assert isinstance(res[2], list) and all(h.doc_id == "manual_v2" for h in res[2])
+
+        specs = [FetchSpec("image", 3), FetchSpec("text", 2), FetchSpec("image", 9)]
+        got = client.batch_fetch(specs, ["annual_report", "manual_v2", "manual_v2"])
+        assert got[0] == RetrievedPage("annual_report_3", "annual_report", 3, "image", page_b64("annual_report", 3))
+        assert got[1] == RetrievedPage("manual_v2_2", "manual_v2", 2, "text", "text of manual_v2 page 2")
+        assert got[2] == RetrieverFailure("server", "page 9 out of range for manual_v2")
+        assert client.health()
+
+    path, headers, body = fake.requests[0]
+    assert path == "/batch_search"
+    assert body == {"query": ["revenue", "boom", "safety"], "id": ["annual_report", "annual_report", "manual_v2"], "top_n": 2, "return_score": False}
+    assert fake.requests[1][2] == {"query": ["image, 3", "text, 2", "image, 9"], "id": ["annual_report", "manual_v2", "manual_v2"]}
+    assert "X-API-Key" not in headers
+
+
+def test_api_key_header_sent(fake):
+    with client_for(fake, api_key="s3cret") as client:
+        client.batch_fetch([FetchSpec("text", 1)], ["manual_v2"])
+    assert fake.requests[0][1]["X-API-Key"] == "s3cret"
+
+
+def test_empty_batches_send_nothing(fake):
+    with client_for(fake) as client:
+        assert client.batch_search([], [], top_n=3) == []
+        assert client.batch_fetch([], []) == []
+    assert fake.requests == []
+
+
+def test_input_validation_raises():
+    with RetrieverClient("http://127.0.0.1:9", timeout=0.1) as client:
+        with pytest.raises(ValueError):
+            client.batch_search(["a", "b"], ["d"], top_n=1)
+        with pytest.raises(ValueError):
+            client.batch_search(["a"], ["d"], top_n=0)
+        with pytest.raises(ValueError):
+            client.batch_fetch([FetchSpec("image", 1)], [])
+    with pytest.raises(ValueError):
+        FetchSpec("video", 1)
+    with pytest.raises(ValueError):
+        FetchSpec("image", 0)
+    assert FetchSpec("text", 12).wire() == "text, 12"
+    assert FetchSpec.parse("image,4") == FetchSpec("image", 4)
+    assert FetchSpec.parse("4-th") == FetchSpec("image", 4)
+
+
+# --------------------------------------------------------------------------- chunking, concurrency
+
+
+def test_chunking_and_concurrency_cap():
+    fake = FakeRetriever(delay=0.1)
+    try:
+        queries = [f"q{i}" * (i + 1) for i in range(20)]
+        docs = ["annual_report"] * 20
+        with client_for(fake, max_batch=3, max_concurrency=3) as client:
+            res = client.batch_search(queries, docs, top_n=1)
+            expected = [wire_answer("/batch_search", {"query": [q], "id": ["annual_report"], "top_n": 1})[0][0]["id"] for q in queries]
+            assert [r[0].page_id for r in res] == expected  # order preserved across chunks
+            assert client.stats.calls == 7 and client.stats.items == 20
+        sizes = sorted(len(b["query"]) for _, _, b in fake.requests)
+        assert sizes == [2, 3, 3, 3, 3, 3, 3]
+        assert fake.max_in_flight == 3  # concurrent, and never above the cap
+    finally:
+        fake.stop()
+
+
+def test_concurrency_cap_holds_across_callers():
+    fake = FakeRetriever(delay=0.05)
+    try:
+        with client_for(fake, max_batch=1, max_concurrency=2) as client:
+            threads = [
+                threading.Thread(target=client.batch_fetch, args=([FetchSpec("text", 1)] * 4, ["manual_v2"] * 4))
+                for _ in range(3)
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        assert len(fake.requests) == 12
+        assert fake.max_in_flight <= 2
+    finally:
+        fake.stop()
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def test_timeout_retries_then_fails_within_bound(fake):
+    fake.script = [("hang",)] * 3
+    with client_for(fake, timeout=0.3, retries=2, backoff=0.01) as client:
+        start = time.monotonic()
+        res = client.batch_fetch([FetchSpec("image", 1), FetchSpec("text", 1)], ["manual_v2", "manual_v2"])
+        elapsed = time.monotonic() - start
+        assert res == [RetrieverFailure("timeout", "retriever timed out after 3 tries")] * 2
+        assert fake.paths()["/batch_fetch"] == 3
+        assert 0.85 < elapsed < 2.5  # three 0.3 s tries plus tiny backoff, not the server's 10 s hang
+        snap = client.stats.snapshot()
+        assert snap["retries"] == 2 and snap["failures/timeout"] == 2 and snap["failures"] == 2
+
+
+def test_500_then_success_is_retried(fake):
+    fake.script = [("status", 500), ("status", 503)]
+    with client_for(fake, retries=2) as client:
+        res = client.batch_fetch([FetchSpec("text", 2)], ["annual_report"])
+        assert res == [RetrievedPage("annual_report_2", "annual_report", 2, "text", "text of annual_report page 2")]
+        assert client.stats.retries == 2 and client.stats.snapshot()["failures"] == 0
+    assert fake.paths()["/batch_fetch"] == 3
+
+
+def test_429_is_retried(fake):
+    fake.script = [("status", 429)]
+    with client_for(fake, retries=1) as client:
+        assert isinstance(client.batch_search(["x"], ["manual_v2"], top_n=1)[0], list)
+    assert len(fake.requests) == 2
+
+
+def test_500_forever_fails_with_try_count(fake):
+    fake.script = [("status", 500)] * 10
+    with client_for(fake, retries=3) as client:
+        res = client.batch_search(["a", "b"], ["manual_v2", "manual_v2"], top_n=2)
+        assert res == [RetrieverFailure("http", "retriever answered HTTP 500 after 4 tries")] * 2
+        assert client.stats.snapshot()["failures/http"] == 2
+    assert len(fake.requests) == 4
+
+
+def test_4xx_is_not_retried(fake):
+    fake.script = [("status", 422), ("status", 500)]
+    with client_for(fake, retries=3) as client:
+        res = client.batch_fetch([FetchSpec("image", 1)], ["manual_v2"])
+        assert res == [RetrieverFailure("http", "retriever answered HTTP 422 after 1 try")]
+        assert client.stats.retries == 0
+    assert len(fake.requests) == 1
+
+
+def test_connection_refused_becomes_failure():
+    fake = FakeRetriever()
+    url = fake.url
+    fake.stop()  # nothing listens on that port any more
+    with RetrieverClient(url, timeout=0.5, retries=1, backoff=0.0) as client:
+        res = client.batch_search(["a"], ["manual_v2"], top_n=1)
+        assert res == [RetrieverFailure("connection", "retriever unreachable after 2 tries")]
+        assert not client.health()
+
+
+@pytest.mark.parametrize(
+    "action, message_part",
+    [
+        (("raw", b"<html>oops</html>"), "not JSON"),
+        (("json", {"results": []}), "expected a list"),
+        (("json", [[], []]), "2 results for 3 requests"),
+    ],
+)
+def test_garbage_bodies_fail_the_whole_chunk(fake, action, message_part):
+    fake.script = [action]
+    with client_for(fake, retries=2) as client:
+        res = client.batch_fetch([FetchSpec("image", 1)] * 3, ["manual_v2"] * 3)
+        assert len(res) == 3 and all(r.kind == "malformed" and message_part in r.message for r in res)
+        assert client.stats.snapshot()["failures/malformed"] == 3
+    assert len(fake.requests) == 1  # a 200 with garbage is not retried
+
+
+def test_bad_item_shape_fails_that_item_only(fake):
+    good = {"id": "text, 1", "contents": "hello"}
+    fake.script = [("json", [good, {"id": 3}, "nope"]), ("json", [[{"id": "d_1", "contents": "x"}], [{"contents": "x"}], {}])]
+    with client_for(fake) as client:
+        res = client.batch_fetch([FetchSpec("text", 1)] * 3, ["d"] * 3)
+        assert res[0] == RetrievedPage("d_1", "d", 1, "text", "hello")
+        assert [r.kind for r in res[1:]] == ["malformed", "malformed"]
+        res = client.batch_search(["a", "b", "c"], ["d"] * 3, top_n=2)
+        assert res[0] == [RetrievedPage("d_1", "d", 1, "image", "x")]
+        assert [r.kind for r in res[1:]] == ["malformed", "malformed"]
+
+
+def test_bad_base64_image_is_passed_through_undecoded(fake):
+    # Decoding (and turning bad images into error observations) is the rollout's job.
+    fake.script = [("json", [{"id": "image, 2", "contents": "@@not base64!!"}])]
+    with client_for(fake) as client:
+        res = client.batch_fetch([FetchSpec("image", 2)], ["d"])
+    assert res == [RetrievedPage("d_2", "d", 2, "image", "@@not base64!!")]
+
+
+def test_fetch_echo_mismatch_is_malformed(fake):
+    fake.script = [("json", [{"id": "text, 2", "contents": "a"}, {"id": "image, 1", "contents": "b"}])]
+    with client_for(fake) as client:
+        res = client.batch_fetch([FetchSpec("image", 1), FetchSpec("text", 2)], ["d", "d"])
+    assert [r.kind for r in res] == ["malformed", "malformed"]  # swapped order is caught
+
+
+def test_only_failing_chunk_fails(fake):
+    fake.script = [("status", 400)]  # first request (first chunk) is rejected, others fine
+    with client_for(fake, max_batch=2, max_concurrency=1) as client:
+        res = client.batch_fetch([FetchSpec("text", 1)] * 5, ["manual_v2"] * 5)
+    assert [type(r).__name__ for r in res] == ["RetrieverFailure"] * 2 + ["RetrievedPage"] * 3
+
+
+def test_stats_snapshot_and_reset(fake):
+    with client_for(fake, max_batch=2) as client:
+        client.batch_search(["a", "boom", "c"], ["manual_v2"] * 3, top_n=1)
+        snap = client.stats.snapshot()
+        assert snap["calls"] == 2 and snap["items"] == 3 and snap["failures/server"] == 1
+        assert snap["latency_s"] > 0 and snap["latency_max_s"] <= snap["latency_s"]
+        assert all(isinstance(v, float) for v in snap.values())
+        client.stats.reset()
+        assert client.stats.snapshot()["calls"] == 0 and client.stats.snapshot()["failures"] == 0
+
+
+# --------------------------------------------------------------------------- pure parsing
+
+
+def test_page_parsing_rules():
+    data = [
+        [
+            {"id": "my_doc_2024_7", "contents": "a"},  # underscores in the doc id
+            {"id": "weird", "contents": "b", "page": 4, "score": 1.5},  # explicit page field wins
+            {"id": "noPage", "contents": "c"},
+        ]
+    ]
+    (hits,) = parse_search_results(data, ["my_doc_2024"], top_n=5)
+    assert [(h.page_id, h.page, h.score) for h in hits] == [("my_doc_2024_7", 7, None), ("weird", 4, 1.5), ("noPage", None, None)]
+    (hits,) = parse_search_results(data, ["my_doc_2024"], top_n=1)
+    assert len(hits) == 1  # never more than top_n
+
+
+def test_parse_fetch_tolerates_unreadable_echo():
+    res = parse_fetch_results([{"id": "whatever", "contents": "t"}], [FetchSpec("text", 5)], ["d"])
+    assert res == [RetrievedPage("d_5", "d", 5, "text", "t")]
+
+
+def test_http_transport_raises_typed_errors(fake):
+    fake.script = [("status", 404), ("hang",)]
+    transport = HttpTransport(fake.url, retries=0)
+    with pytest.raises(TransportHTTPError) as err:
+        transport.post("/batch_fetch", {"query": [], "id": []}, timeout=1.0)
+    assert err.value.status == 404 and err.value.tries == 1
+    with pytest.raises(TransportTimeout):
+        transport.post("/batch_fetch", {"query": [], "id": []}, timeout=0.2)
+    transport.close()
+
+
+# --------------------------------------------------------------------------- properties
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["id", "contents", "page", "score", "x"]), inner, max_size=4),
+    max_leaves=12,
+)
+_item = st.fixed_dictionaries({"id": st.sampled_from(["error", "d_1", "image, 1", "text, 2", "zz"]), "contents": st.text(max_size=4)})
+_answer = st.lists(st.one_of(_item, st.lists(st.one_of(_item, _json), max_size=3), _json), min_size=0, max_size=4)
+
+
+@settings(max_examples=120, deadline=None, derandomize=True)
+@given(data=st.one_of(_json, _answer), n=st.integers(0, 4))
+def test_parsers_never_crash_on_any_body(data, n):
+    """Whatever the server sends: one outcome per request, or MalformedResponse; nothing else."""
+    specs = [FetchSpec("image", 1), FetchSpec("text", 2)] * 2
+    for parse in (
+        lambda: parse_search_results(data, ["d"] * n, 2),
+        lambda: parse_fetch_results(data, specs[:n], ["d"] * n),
+    ):
+        try:
+            out = parse()
+        except MalformedResponse:
+            continue
+        assert len(out) == n
+        for r in out:
+            assert isinstance(r, (RetrievedPage, RetrieverFailure)) or (
+                isinstance(r, list) and len(r) <= 2 and all(isinstance(p, RetrievedPage) for p in r)
+            )

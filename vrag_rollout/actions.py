@@ -1,0 +1,111 @@
+"""Reading the action a turn's sampled text ends with (pure).
+
+A turn ends in one of four ways, reported by the engine: a tool stop string (`</search>` or
+`</fetch>`), EOS, the token budget, or an abort. Only the text is parsed here; the token ids the
+policy sampled are kept verbatim elsewhere.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+SEARCH_STOP = "</search>"
+FETCH_STOP = "</fetch>"
+TOOL_STOPS = (SEARCH_STOP, FETCH_STOP)
+
+# Longest query we pass on; longer ones are treated as malformed so the model learns brevity.
+MAX_QUERY_CHARS = 512
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# "image, 3" / "text,3" / "image 3", and the seed implementation's "3-th" (an image fetch).
+_FETCH_SPEC = re.compile(r"^\s*(?:(?P<modality>[a-zA-Z]+)\s*[, ]\s*(?P<page>-?\d+)|(?P<nth>\d+)-th)\s*$")
+
+
+@dataclass(frozen=True)
+class Search:
+    query: str
+
+
+@dataclass(frozen=True)
+class Fetch:
+    modality: str  # "image" | "text"
+    page: int  # 1-based, as the model sees pages
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The turn ended the episode without an action: EOS without an answer, length or abort."""
+
+    reason: str  # "eos" | "length" | "abort"
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """A tool call the rollout cannot execute; the message goes back to the model."""
+
+    message: str
+
+
+Action = Union[Search, Fetch, Answer, Stop, Invalid]
+
+
+def parse_action(
+    text: str,
+    finish_reason: str,
+    stop_reason: object,
+    fetch_modes: Sequence[str] = ("image", "text"),
+) -> Action:
+    """The action that ends a turn.
+
+    `finish_reason`/`stop_reason` are vLLM's: "stop" with a stop string means a tool call, "stop"
+    with None or an int token id means EOS, "length" means the budget ran out.
+    """
+    if finish_reason == "stop" and isinstance(stop_reason, str) and stop_reason in TOOL_STOPS:
+        return _parse_tool_call(text, stop_reason, fetch_modes)
+    if finish_reason == "stop":
+        answers = _ANSWER.findall(text)
+        return Answer(answers[-1].strip()) if answers else Stop("eos")
+    if finish_reason == "length":
+        return Stop("length")
+    return Stop("abort")
+
+
+def _parse_tool_call(text: str, stop: str, fetch_modes: Sequence[str]) -> Action:
+    tag = "search" if stop == SEARCH_STOP else "fetch"
+    # A stop string may complete inside a token that carries characters after it: cut there.
+    end = text.rfind(stop)
+    start = text.rfind(f"<{tag}>", 0, end)
+    if start < 0:
+        return Invalid(f"<{tag}> is missing before </{tag}>; write <{tag}>...</{tag}>.")
+    body = text[start + len(tag) + 2 : end].strip()
+    if tag == "search":
+        if not body:
+            return Invalid("the search query is empty; write <search>your query</search>.")
+        if len(body) > MAX_QUERY_CHARS:
+            return Invalid(f"the search query is longer than {MAX_QUERY_CHARS} characters.")
+        return Search(body)
+    return _parse_fetch(body, fetch_modes)
+
+
+def _parse_fetch(body: str, fetch_modes: Sequence[str]) -> Action:
+    modes = " or ".join(fetch_modes)
+    usage = f"write <fetch>{fetch_modes[0]}, 3</fetch> with modality {modes} and a page number from 1."
+    match = _FETCH_SPEC.match(body)
+    if not match:
+        return Invalid(f"cannot read fetch '{body[:60]}'; {usage}")
+    if match.group("nth"):
+        modality, page = "image", int(match.group("nth"))
+    else:
+        modality, page = match.group("modality").lower(), int(match.group("page"))
+    if modality not in fetch_modes:
+        return Invalid(f"fetch modality '{modality}' is not available; {usage}")
+    if page < 1:
+        return Invalid(f"page numbers start at 1, got {page}; {usage}")
+    return Fetch(modality, page)

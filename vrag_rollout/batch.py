@@ -1,0 +1,134 @@
+"""Episodes -> the EasyR1 rollout output batch (pure tensor work, no engine, no HTTP)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from .episode import Episode
+from .positions import rope_positions, text_positions
+from .protocol import object_array
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    response_length: int
+    pad_token_id: int
+    image_pad_id: int
+    merge_size: int
+    position_layout: str = "auto"  # "auto" | "4" | "3"
+    image_key: str = "images"
+    with_logprobs: bool = False
+
+
+def response_tensors(episodes: Sequence[Episode], spec: BatchSpec) -> dict[str, torch.Tensor]:
+    """responses, response_mask (real tokens, through the final EOS), loss_mask (sampled tokens)."""
+    size, length = len(episodes), spec.response_length
+    responses = torch.full((size, length), spec.pad_token_id, dtype=torch.long)
+    response_mask = torch.zeros((size, length), dtype=torch.long)
+    loss_mask = torch.zeros((size, length), dtype=torch.long)
+    logprobs = torch.zeros((size, length), dtype=torch.float32)
+    for row, episode in enumerate(episodes):
+        used = len(episode.response_ids)
+        if used > length:
+            raise AssertionError(f"episode {episode.index} overran its budget: {used} > {length}")
+        responses[row, :used] = torch.tensor(episode.response_ids, dtype=torch.long)
+        response_mask[row, :used] = 1
+        loss_mask[row, :used] = torch.tensor(episode.loss_mask, dtype=torch.long)
+        logprobs[row, :used] = torch.tensor(episode.logprobs, dtype=torch.float32)
+    out = {"responses": responses, "response_mask": response_mask, "loss_mask": loss_mask}
+    if spec.with_logprobs:
+        out["rollout_log_probs"] = logprobs
+    return out
+
+
+def _continue_by_one(last: torch.Tensor, count: int) -> torch.Tensor:
+    """(…,) last positions -> (…, count) positions last+1 … last+count."""
+    return last.unsqueeze(-1) + torch.arange(1, count + 1, dtype=last.dtype)
+
+
+def response_position_ids(
+    prompt_positions: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    episodes: Sequence[Episode],
+    spec: BatchSpec,
+) -> torch.Tensor:
+    """Position ids of prompt+response in the layout of `prompt_positions` (or the forced one).
+
+    2-D prompts continue one per token. For Qwen2-VL (bs, 3|4, P): the text row continues the
+    prompt's text row by one per token; the mrope rows of the response are computed over the
+    response's tokens and images, starting one past the prompt's largest mrope position. Padding
+    after a response continues by one per token, so the text row strictly increases in a sample.
+    """
+    length = spec.response_length
+    if prompt_positions.dim() == 2:
+        return torch.cat([prompt_positions, _continue_by_one(prompt_positions[:, -1], length)], dim=-1)
+    rows = prompt_positions.size(1)
+    if rows not in (3, 4):
+        raise ValueError(f"position_ids must be (bs, P), (bs, 3, P) or (bs, 4, P); got {tuple(prompt_positions.shape)}")
+    if rows == 4:
+        text_row, rope = prompt_positions[:, 0], prompt_positions[:, 1:]
+    else:
+        rope = prompt_positions
+        text_row = text_positions(prompt_mask)
+    text_out = torch.cat([text_row, _continue_by_one(text_row[:, -1], length)], dim=-1)
+
+    rope_out = torch.empty((rope.size(0), 3, rope.size(-1) + length), dtype=torch.long)
+    rope_out[:, :, : rope.size(-1)] = rope
+    for row, episode in enumerate(episodes):
+        valid = prompt_mask[row].bool()
+        start = int(rope[row][:, valid].max()) + 1 if bool(valid.any()) else 0
+        used = len(episode.response_ids)
+        grids = [page.grid_thw for page in episode.images]
+        response_rope = rope_positions(
+            episode.response_ids, grids, image_pad_id=spec.image_pad_id, merge_size=spec.merge_size, start=start
+        )
+        rope_out[row, :, rope.size(-1) : rope.size(-1) + used] = response_rope
+        last = int(response_rope.max()) if used else start - 1
+        rope_out[row, :, rope.size(-1) + used :] = _continue_by_one(torch.tensor(last), length - used)
+
+    layout = spec.position_layout if spec.position_layout != "auto" else str(rows)
+    if layout == "3":
+        return rope_out
+    return torch.cat([text_out.unsqueeze(1), rope_out], dim=1)
+
+
+def collect_metrics(episodes: Sequence[Episode], client_stats: dict, elapsed: float) -> dict[str, float]:
+    count = max(len(episodes), 1)
+    reasons = Counter(ep.termination for ep in episodes)
+    metrics = {
+        "rollout/turns_mean": sum(ep.turns for ep in episodes) / count,
+        "rollout/turns_max": float(max((ep.turns for ep in episodes), default=0)),
+        "rollout/searches": float(sum(ep.searches for ep in episodes)),
+        "rollout/fetches": float(sum(ep.fetches for ep in episodes)),
+        "rollout/invalid_actions": float(sum(ep.invalid_actions for ep in episodes)),
+        "rollout/retriever_errors": float(sum(ep.retriever_errors for ep in episodes)),
+        "rollout/images_retrieved": float(sum(len(ep.images) for ep in episodes)),
+        "rollout/images_dropped_budget": float(sum(ep.images_dropped for ep in episodes)),
+        "rollout/truncated": float(reasons.get("length", 0) + reasons.get("budget", 0)),
+        "rollout/response_length_mean": sum(len(ep.response_ids) for ep in episodes) / count,
+        "rollout/seconds": elapsed,
+    }
+    for reason, number in reasons.items():
+        metrics[f"rollout/termination/{reason}"] = float(number)
+    for key, value in client_stats.items():
+        metrics[f"retriever/{key}"] = float(value)
+    return metrics
+
+
+def episode_columns(episodes: Sequence[Episode], spec: BatchSpec) -> dict[str, np.ndarray]:
+    """Per-sample non-tensor columns: images in sequence order, page ids, counters."""
+    return {
+        "multi_modal_data": object_array(
+            [{spec.image_key: list(ep.prompt_images) + [page.image for page in ep.images]} for ep in episodes]
+        ),
+        "page_ids": object_array([[list(turn) for turn in ep.page_ids] for ep in episodes]),
+        "termination_reason": object_array([ep.termination for ep in episodes]),
+        "num_turns": np.array([ep.turns for ep in episodes], dtype=np.int64),
+        "num_searches": np.array([ep.searches for ep in episodes], dtype=np.int64),
+        "num_fetches": np.array([ep.fetches for ep in episodes], dtype=np.int64),
+    }

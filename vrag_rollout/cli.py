@@ -1,0 +1,63 @@
+"""`vrag-rollout`: the demo rollout and small utilities."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="vrag-rollout", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser("demo", help="run a real agent rollout on vLLM against the embedded retriever")
+    demo.add_argument("--out", type=Path, default=Path("artifacts/demo_rollout.pt"), help="where to torch.save the batch")
+    demo.add_argument("--batch-size", type=int, default=4, help="number of questions (prompts)")
+    demo.add_argument("--n", type=int, default=2, help="samples per question")
+    demo.add_argument("--max-turns", type=int, default=4)
+    demo.add_argument("--response-length", type=int, default=768)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--retriever-url", default=None, help="use a running retriever instead of the embedded one")
+    demo.add_argument("--fixtures", default=None, help="replay recorded retriever traffic from this file")
+
+    record = commands.add_parser(
+        "record-fixtures", help="record every retriever call the demo can make from a live server, for replay"
+    )
+    record.add_argument("--out", type=Path, required=True)
+    record.add_argument("--retriever-url", default=None, help="default: the embedded server on the sample corpus")
+
+    build = commands.add_parser("build-tiny-model", help="build the tiny offline Qwen2-VL used by the demo and tests")
+    build.add_argument("out_dir", type=Path, nargs="?", default=None)
+
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from .demo import run_demo
+
+        run_demo(
+            args.out,
+            batch_size=args.batch_size,
+            retriever_url=args.retriever_url,
+            fixtures=args.fixtures,
+            n=args.n,
+            max_turns=args.max_turns,
+            response_length=args.response_length,
+            seed=args.seed,
+        )
+        return 0
+    if args.command == "record-fixtures":
+        from .demo import record_demo_fixtures
+
+        print(record_demo_fixtures(args.out, args.retriever_url))
+        return 0
+    if args.command == "build-tiny-model":
+        from .tiny_model import build_tiny_qwen2vl, default_model_dir
+
+        print(build_tiny_qwen2vl(args.out_dir or default_model_dir()))
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

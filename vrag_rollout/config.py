@@ -1,0 +1,141 @@
+"""Rollout configuration: EasyR1's RolloutConfig fields plus the agent's own."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+# Qwen2-VL's VRAG pixel band for result pages: about 256..512 visual tokens per page.
+DEFAULT_PAGE_MIN_PIXELS = 256 * 28 * 28
+DEFAULT_PAGE_MAX_PIXELS = 512 * 28 * 28
+
+POSITION_LAYOUTS = ("auto", "4", "3")
+
+
+@dataclass
+class AgentRolloutConfig:
+    """Everything `vLLMRollout` and `vLLMRolloutAgent` read.
+
+    The first block mirrors EasyR1's `RolloutConfig` (same names, same meaning) so a trainer's
+    rollout section can be passed as is; the second block is the agent's.
+    """
+
+    # --- EasyR1 RolloutConfig ---
+    name: str = "vllm"
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: Optional[int] = 1
+    limit_images: int = 0
+    dtype: str = "bf16"
+    gpu_memory_utilization: float = 0.6
+    ignore_eos: bool = False
+    enforce_eager: bool = False
+    enable_chunked_prefill: bool = False
+    tensor_parallel_size: int = 1
+    max_model_len: Optional[int] = None
+    max_num_batched_tokens: int = 8192
+    disable_tqdm: bool = True
+    val_override_config: dict = field(default_factory=dict)
+    prompt_length: int = -1
+    response_length: int = -1
+    trust_remote_code: bool = False
+
+    # --- engine construction (not in EasyR1's config; EasyR1 hard-codes these) ---
+    # "dummy": weights arrive from the trainer's actor; "auto": load them from model_path.
+    load_format: str = "dummy"
+    enable_sleep_mode: bool = True  # ignored where the platform has no sleep mode (CPU)
+    calculate_log_probs: bool = False
+
+    # --- agent ---
+    retriever_url: str = "http://127.0.0.1:8002"
+    retriever_api_key: Optional[str] = None
+    retriever_timeout: float = 10.0
+    retriever_retries: int = 2
+    retriever_max_concurrency: int = 4
+    # Replay recorded retriever traffic from this fixture file instead of calling retriever_url.
+    retriever_fixtures: Optional[str] = None
+    top_n: int = 2
+    max_turns: int = 4
+    page_min_pixels: int = DEFAULT_PAGE_MIN_PIXELS
+    page_max_pixels: int = DEFAULT_PAGE_MAX_PIXELS
+    fetch_modes: tuple = ("image", "text")
+    # Longest page text a `<fetch>text, N</fetch>` injects, in tokens (longer text is cut).
+    max_fetch_text_tokens: int = 512
+    # The non-tensor batch column holding each sample's document id.
+    doc_id_key: str = "doc_id"
+    # Images one sample may hold (prompt + retrieved); 0 = limit_images, or derived from turns.
+    max_images_per_sample: int = 0
+    # "auto" follows the input's position_ids; "4" or "3" forces the (bs, 4|3, L) layout.
+    position_ids_layout: str = "auto"
+    # Optional regex that constrains each turn (vLLM structured outputs), e.g. for tiny policies.
+    action_regex: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        self.fetch_modes = tuple(self.fetch_modes)
+        problems = []
+        if self.n < 1:
+            problems.append(f"n must be >= 1, got {self.n}")
+        if self.top_n < 1:
+            problems.append(f"top_n must be >= 1, got {self.top_n}")
+        if self.max_turns < 1:
+            problems.append(f"max_turns must be >= 1, got {self.max_turns}")
+        if not 0 < self.page_min_pixels <= self.page_max_pixels:
+            problems.append(
+                f"need 0 < page_min_pixels <= page_max_pixels, got "
+                f"{self.page_min_pixels}..{self.page_max_pixels}"
+            )
+        unknown_modes = set(self.fetch_modes) - {"image", "text"}
+        if unknown_modes:
+            problems.append(f"fetch_modes may hold 'image' and 'text' only, got {sorted(unknown_modes)}")
+        if str(self.position_ids_layout) not in POSITION_LAYOUTS:
+            problems.append(f"position_ids_layout must be one of {POSITION_LAYOUTS}")
+        if self.retriever_retries < 0 or self.retriever_timeout <= 0:
+            problems.append("retriever_retries must be >= 0 and retriever_timeout > 0")
+        if problems:
+            raise ValueError("invalid rollout config: " + "; ".join(problems))
+        self.position_ids_layout = str(self.position_ids_layout)
+
+    @classmethod
+    def from_any(cls, config: Any) -> "AgentRolloutConfig":
+        """Accept this class, a mapping, an OmegaConf node or any object with these attributes.
+
+        Keys this class does not know are rejected, as EasyR1's structured config does, so a typo
+        in a trainer config fails loudly instead of silently using a default.
+        """
+        if isinstance(config, cls):
+            return config
+        values = _as_mapping(config)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown rollout config keys: {unknown}")
+        return cls(**values)
+
+    def updated(self, **overrides: Any) -> "AgentRolloutConfig":
+        """A copy with some fields replaced (validated again)."""
+        return dataclasses.replace(self, **overrides)
+
+    def images_per_sample(self, prompt_images: int = 1) -> int:
+        if self.max_images_per_sample > 0:
+            return self.max_images_per_sample
+        if self.limit_images > 0:
+            return self.limit_images
+        return prompt_images + (self.max_turns - 1) * self.top_n
+
+
+def _as_mapping(config: Any) -> Mapping[str, Any]:
+    if isinstance(config, Mapping):
+        return dict(config)
+    try:  # OmegaConf nodes (DictConfig) convert to plain containers
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(config):
+            return OmegaConf.to_container(config, resolve=True)
+    except ImportError:
+        pass
+    if dataclasses.is_dataclass(config):
+        return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    return {k: v for k, v in vars(config).items() if not k.startswith("_")}

@@ -1,0 +1,197 @@
+"""The main job: a real agent rollout on vLLM against the embedded retriever.
+
+Builds (once, cached) the tiny Qwen2-VL model and the sample corpus index, serves the index on
+loopback, runs a batch of episodes and saves the output batch with `torch.save`.
+
+Saved file (a plain dict; every tensor row is one sample, the n samples of a prompt adjacent):
+- tensors: `prompts` (B, P), `responses` (B, R), `input_ids` (B, P+R), `attention_mask` (B, P+R),
+  `response_mask` (B, R), `loss_mask` (B, R), `position_ids` (B, 4, P+R);
+- lists of length B: `doc_id`, `termination_reason`, `num_turns`, `num_searches`, `num_fetches`,
+  `page_ids` (per observation, a list of page ids `<doc>_<page>`), `image_grid_thw` (per image in
+  sequence order: prompt images then retrieved pages), `answer_text` (decoded sampled text);
+- `metrics`: the rollout's aggregated metrics; `config`: the rollout config used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from .config import AgentRolloutConfig
+from .prompts import PromptSample, build_prompt_batch
+
+# The tiny model is random: a grammar makes vLLM's own sampling write well-formed actions.
+# Queries come from a closed list so recorded retriever fixtures cover every possible call.
+_ACTION_TEMPLATE = (
+    r"<think>[a-z ]{{3,16}}</think>"
+    r"(<search>({queries})</search>|<fetch>(image|text), [1-{max_page}]</fetch>|<answer>[a-z0-9 ]{{1,12}}</answer>)"
+)
+
+
+DEMO_TOP_N = 2
+DEMO_MAX_PAGE = 6  # past the shortest document's end, so out-of-range fetches occur too
+
+
+def _regex_literal(text: str) -> str:
+    # re.escape also escapes spaces and hyphens, which xgrammar's regex dialect warns about.
+    return "".join("\\" + c if c in "\\.^$*+?{}[]|()" else c for c in text)
+
+
+def action_regex(queries: list[str], max_page: int) -> str:
+    alternatives = "|".join(_regex_literal(q) for q in queries)
+    return _ACTION_TEMPLATE.format(queries=alternatives, max_page=max_page)
+
+
+def cache_dir() -> Path:
+    from .tiny_model import default_model_dir
+
+    return default_model_dir().parent
+
+
+def prepare_index(work_dir: Path) -> Path:
+    """The sample corpus and its index, built once under `work_dir`."""
+    from retriever_server.indexer import build_index
+    from retriever_server.sample_corpus import write_sample_corpus
+
+    index_dir = work_dir / "sample-index"
+    if not (index_dir / "manifest.json").exists():
+        pdfs = write_sample_corpus(work_dir / "sample-corpus")
+        build_index(pdfs, index_dir, min_pixels=32 * 28 * 28, max_pixels=128 * 28 * 28)
+    return index_dir
+
+
+def demo_questions() -> list[PromptSample]:
+    """One question per known fact, documents taken in turn so a small batch spans them all."""
+    from retriever_server.sample_corpus import SAMPLE_FACTS
+
+    by_doc: dict[str, list[str]] = {}
+    for query, (doc, _page) in SAMPLE_FACTS.items():
+        by_doc.setdefault(doc, []).append(query)
+    rounds = zip(*[[(doc, q) for q in queries] for doc, queries in sorted(by_doc.items())])
+    return [PromptSample(question=f"Which page covers {q}?", doc_id=doc) for turn in rounds for doc, q in turn]
+
+
+def demo_retrieval_calls() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Every retriever call the demo grammar can make: (doc, query) and (doc, fetch spec)."""
+    from retriever_server.sample_corpus import SAMPLE_FACTS
+
+    docs = sorted({doc for doc, _ in SAMPLE_FACTS.values()})
+    searches = [(doc, query) for doc in docs for query in sorted(SAMPLE_FACTS)]
+    fetches = [(doc, f"{mode}, {page}") for doc in docs for mode in ("image", "text") for page in range(1, DEMO_MAX_PAGE + 1)]
+    return searches, fetches
+
+
+def record_demo_fixtures(out_path: Path, retriever_url: Optional[str] = None) -> dict:
+    """Record every demo retriever call from a live server (the embedded one by default)."""
+    from .fixtures import record_fixtures
+
+    searches, fetches = demo_retrieval_calls()
+    with ExitStack() as stack:
+        if retriever_url is None:
+            from retriever_server.testing import serve_in_thread
+
+            retriever_url = stack.enter_context(serve_in_thread(prepare_index(cache_dir())))
+        return record_fixtures(retriever_url, out_path, searches=searches, fetches=fetches, top_n=DEMO_TOP_N)
+
+
+def demo_config(**overrides: Any) -> AgentRolloutConfig:
+    from retriever_server.sample_corpus import SAMPLE_FACTS
+
+    base = dict(
+        n=2,
+        temperature=1.0,
+        seed=0,
+        dtype="bf16",
+        load_format="auto",
+        enforce_eager=True,
+        prompt_length=384,
+        response_length=768,
+        max_turns=4,
+        top_n=DEMO_TOP_N,
+        page_min_pixels=16 * 28 * 28,
+        page_max_pixels=64 * 28 * 28,
+        max_num_batched_tokens=4096,
+        action_regex=action_regex(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE),
+    )
+    base.update(overrides)
+    return AgentRolloutConfig(**base)
+
+
+def run_demo(out_path: Path, *, batch_size: int = 4, retriever_url: Optional[str] = None,
+             fixtures: Optional[str] = None, **config_overrides: Any) -> dict:
+    from transformers import AutoProcessor
+
+    from .engine import configure_cpu_defaults
+    from .rollout import vLLMRolloutAgent
+    from .tiny_model import build_tiny_qwen2vl, default_model_dir
+
+    configure_cpu_defaults()
+    model_dir = build_tiny_qwen2vl(default_model_dir())
+    processor = AutoProcessor.from_pretrained(model_dir)
+    tokenizer = processor.tokenizer
+    with ExitStack() as stack:
+        if retriever_url is None and fixtures is None:
+            from retriever_server.testing import serve_in_thread
+
+            retriever_url = stack.enter_context(serve_in_thread(prepare_index(cache_dir())))
+        config = demo_config(retriever_url=retriever_url or "http://127.0.0.1:8002",
+                             retriever_fixtures=fixtures, **config_overrides)
+        agent = vLLMRolloutAgent(str(model_dir), config, tokenizer, processor)
+        samples = demo_questions()[:batch_size]
+        prompts = build_prompt_batch(tokenizer, processor, samples, config.prompt_length)
+        output = agent.generate_sequences(prompts)
+    saved = to_saved_dict(output, processor, config)
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(saved, out_path)
+    print_summary(saved)
+    print(f"saved {len(saved['doc_id'])} samples to {out_path}")
+    return saved
+
+
+def to_saved_dict(output: Any, processor: Any, config: AgentRolloutConfig) -> dict:
+    tokenizer = processor.tokenizer
+    batch, columns = output.batch, output.non_tensor_batch
+    saved: dict[str, Any] = {key: batch[key].clone() for key in batch.keys()}
+    for key in ("doc_id", "termination_reason", "page_ids"):
+        saved[key] = [value for value in columns[key]]
+    for key in ("num_turns", "num_searches", "num_fetches"):
+        saved[key] = [int(value) for value in columns[key]]
+    saved["image_grid_thw"] = [_grids(item, processor) for item in columns["multi_modal_data"]]
+    sampled_text = []
+    for row in range(len(saved["doc_id"])):
+        sampled = batch["responses"][row][batch["loss_mask"][row].bool()]
+        sampled_text.append(tokenizer.decode(sampled.tolist(), skip_special_tokens=False))
+    saved["answer_text"] = sampled_text
+    saved["metrics"] = dict(output.meta_info.get("metrics", {}))
+    saved["config"] = dataclasses.asdict(config)
+    return saved
+
+
+def _grids(item: dict, processor: Any) -> list[list[int]]:
+    """The processor's own grid of every image the actor will see, in sequence order."""
+    images = next(iter(item.values()), [])
+    if not images:
+        return []
+    grids = processor.image_processor(images=images, return_tensors="pt")["image_grid_thw"]
+    return [[int(x) for x in grid] for grid in grids]
+
+
+def print_summary(saved: dict) -> None:
+    header = f"{'#':>3} {'doc':<16} {'end':<10} {'turns':>5} {'srch':>4} {'ftch':>4} {'resp':>5} {'obs':>5}  pages"
+    print(header)
+    for row, doc in enumerate(saved["doc_id"]):
+        used = int(saved["response_mask"][row].sum())
+        sampled = int(saved["loss_mask"][row].sum())
+        pages = ",".join(page for turn in saved["page_ids"][row] for page in turn) or "-"
+        print(
+            f"{row:>3} {str(doc):<16} {saved['termination_reason'][row]:<10} {saved['num_turns'][row]:>5} "
+            f"{saved['num_searches'][row]:>4} {saved['num_fetches'][row]:>4} {used:>5} {used - sampled:>5}  {pages}"
+        )
+    metrics = saved["metrics"]
+    keys = ("rollout/turns_mean", "rollout/searches", "rollout/fetches", "rollout/retriever_errors", "rollout/seconds")
+    print("  ".join(f"{key.split('/')[-1]}={metrics.get(key, 0):.2f}" for key in keys))

@@ -1,0 +1,147 @@
+"""The only module that touches vLLM engine objects."""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional, Sequence
+
+
+@dataclass(frozen=True)
+class TurnOutput:
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: str  # "stop" | "length" | "abort"
+    stop_reason: object  # a stop string, an EOS token id, or None (the tokenizer's EOS)
+    logprobs: Optional[tuple[float, ...]] = None
+
+
+def configure_cpu_defaults() -> None:
+    """Environment defaults that let vLLM run in-process on a machine without a GPU.
+
+    Only sets variables the user has not set, and only when no CUDA device is visible.
+    """
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return
+    except ImportError:  # pragma: no cover - torch is a hard dependency
+        return
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def sleep_mode_available() -> bool:
+    try:
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_sleep_mode_available())
+    except Exception:  # noqa: BLE001 - any failure means "do not try"
+        return False
+
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _breaks_kernel_scan(value: Any) -> bool:
+    try:
+        return hasattr(value, "__dict__") and not callable(getattr(vars(value), "get", None))
+    except Exception:  # noqa: BLE001 - anything odd here would break the scan too
+        return True
+
+
+@contextmanager
+def _modules_hidden_from_kernel_scan() -> Iterator[None]:
+    """Hide modules whose globals break vLLM's CPU kernel-override scan while an engine starts.
+
+    On CPU, vLLM walks every module in `sys.modules` and reads `vars(value)` of each global. An
+    object whose `__dict__` is not a dict (llvmlite's `ffi.lib`, loaded by numba, which bm25s
+    imports) makes it fail with "'_lib_fn_wrapper' object has no attribute 'get'", so an
+    engine cannot start in a process that has imported the retriever server.
+    """
+    hidden = {}
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if namespace and any(_breaks_kernel_scan(value) for value in list(namespace.values())):
+            hidden[name] = module
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
+
+
+def create_llm(**llm_kwargs: Any) -> Any:
+    """`vllm.LLM(**llm_kwargs)`, startable on CPU whatever else the process has imported."""
+    configure_cpu_defaults()
+    from vllm import LLM
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        with _modules_hidden_from_kernel_scan():
+            return LLM(**llm_kwargs)
+    return LLM(**llm_kwargs)
+
+
+def build_llm(model_path: str, config: Any, max_images: int) -> Any:
+    """A `vllm.LLM` built as EasyR1 builds its rollout engine, minus what the platform lacks."""
+    configure_cpu_defaults()
+    max_model_len = config.max_model_len or (config.prompt_length + config.response_length)
+    kwargs = dict(
+        model=model_path,
+        skip_tokenizer_init=False,
+        trust_remote_code=config.trust_remote_code,
+        load_format=config.load_format,
+        dtype=_DTYPES.get(config.dtype, config.dtype),
+        seed=config.seed if config.seed is not None else 0,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=max(config.max_num_batched_tokens, max_model_len),
+        enforce_eager=config.enforce_eager,
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        disable_log_stats=True,
+        limit_mm_per_prompt={"image": max_images, "video": 0},
+    )
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cuda_alike():
+        kwargs.update(
+            tensor_parallel_size=config.tensor_parallel_size,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            distributed_executor_backend="external_launcher" if config.tensor_parallel_size > 1 else None,
+        )
+    if config.enable_sleep_mode and sleep_mode_available():
+        kwargs["enable_sleep_mode"] = True
+    return create_llm(**kwargs)
+
+
+class VLLMEngine:
+    """Turn-synchronized generation: one `LLM.generate` call for every active sample."""
+
+    def __init__(self, llm: Any):
+        self.llm = llm
+
+    def generate(self, prompts: Sequence[dict], params: Sequence[Any]) -> list[TurnOutput]:
+        if not prompts:
+            return []
+        outputs = self.llm.generate(list(prompts), list(params), use_tqdm=False)
+        return [_turn_output(out.outputs[0]) for out in outputs]
+
+
+def _turn_output(completion: Any) -> TurnOutput:
+    logprobs = None
+    if completion.logprobs is not None:
+        logprobs = tuple(
+            float(step[token].logprob) for step, token in zip(completion.logprobs, completion.token_ids)
+        )
+    return TurnOutput(
+        token_ids=tuple(completion.token_ids),
+        text=completion.text,
+        finish_reason=completion.finish_reason or "abort",
+        stop_reason=completion.stop_reason,
+        logprobs=logprobs,
+    )

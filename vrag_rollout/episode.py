@@ -1,0 +1,103 @@
+"""One sample's growing response (pure).
+
+Invariants every method keeps, checked by property tests:
+- `len(response_ids) == len(loss_mask) == len(logprobs) <= response_length`;
+- an image's pad run enters the response whole or not at all;
+- `engine_response_ids` is `response_ids` with each image's pad run collapsed to one pad.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from .observation import Observation
+
+# Why an episode ended. "budget": an observation did not fit the remaining response budget.
+TERMINATION_REASONS = (
+    "answered",  # EOS after an <answer>
+    "eos",  # EOS without an answer
+    "length",  # the response budget ran out while sampling
+    "budget",  # the next observation did not fit the remaining budget
+    "max_turns",  # the policy asked for a tool on its last allowed turn
+    "abort",  # the engine aborted the request
+)
+
+
+@dataclass
+class Episode:
+    index: int  # position in the output batch
+    prompt_engine_ids: list[int]  # raw prompt ids: one pad per prompt image
+    prompt_images: list[Any]
+    doc_id: Optional[str]
+    response_length: int
+    max_images: int
+    response_ids: list[int] = field(default_factory=list)  # trainer view: pad runs expanded
+    loss_mask: list[int] = field(default_factory=list)  # 1 = sampled by the policy
+    logprobs: list[float] = field(default_factory=list)  # 0.0 at observation positions
+    engine_response_ids: list[int] = field(default_factory=list)  # engine view: one pad per image
+    images: list[Any] = field(default_factory=list)  # retrieved vision.PageImage, sequence order
+    page_ids: list[list[str]] = field(default_factory=list)  # one list per observation
+    turns: int = 0
+    searches: int = 0
+    fetches: int = 0
+    invalid_actions: int = 0
+    retriever_errors: int = 0
+    images_dropped: int = 0
+    answer: Optional[str] = None
+    termination: Optional[str] = None
+
+    @property
+    def done(self) -> bool:
+        return self.termination is not None
+
+    @property
+    def remaining(self) -> int:
+        return self.response_length - len(self.response_ids)
+
+    @property
+    def image_slots(self) -> int:
+        return self.max_images - len(self.prompt_images) - len(self.images)
+
+    def engine_prompt(self) -> dict:
+        """What the engine sees next: prompt and response so far, one pad per image."""
+        request = {"prompt_token_ids": self.prompt_engine_ids + self.engine_response_ids}
+        images = list(self.prompt_images) + [page.image for page in self.images]
+        if images:
+            request["multi_modal_data"] = {"image": images}
+        return request
+
+    def append_sampled(self, token_ids: Sequence[int], logprobs: Optional[Sequence[float]] = None) -> None:
+        """Append the policy's tokens verbatim; they are cut to the budget should the engine overrun."""
+        if self.done:
+            raise RuntimeError(f"episode {self.index} already ended ({self.termination})")
+        ids = list(token_ids)[: self.remaining]
+        lps = [0.0] * len(ids) if logprobs is None else [float(x) for x in list(logprobs)[: len(ids)]]
+        if len(lps) != len(ids):
+            raise ValueError("one logprob per sampled token is required")
+        self.response_ids.extend(ids)
+        self.engine_response_ids.extend(ids)
+        self.loss_mask.extend([1] * len(ids))
+        self.logprobs.extend(lps)
+        self.turns += 1
+
+    def append_observation(self, observation: Observation) -> bool:
+        """Append an observation whole; False (nothing appended) when it does not fit."""
+        if self.done:
+            raise RuntimeError(f"episode {self.index} already ended ({self.termination})")
+        if len(observation.trainer_ids) > self.remaining or observation.num_images > self.image_slots:
+            return False
+        self.response_ids.extend(observation.trainer_ids)
+        self.engine_response_ids.extend(observation.engine_ids)
+        self.loss_mask.extend([0] * len(observation.trainer_ids))
+        self.logprobs.extend([0.0] * len(observation.trainer_ids))
+        self.images.extend(observation.images)
+        self.images_dropped += observation.dropped_images
+        self.page_ids.append(list(observation.page_ids))
+        return True
+
+    def finish(self, reason: str) -> None:
+        if reason not in TERMINATION_REASONS:
+            raise ValueError(f"unknown termination reason {reason!r}")
+        if self.termination is None:
+            self.termination = reason

@@ -1,0 +1,286 @@
+"""Record retriever traffic once, replay it offline through the real `RetrieverClient`.
+
+Replay is per item, not per request: a search is keyed by `(doc_id, query, top_n)` and a fetch
+by `(doc_id, spec)` (spec canonicalised to "image, 3" / "text, 3"), so any batch made of
+recorded items replays, in any order and any chunking.
+
+Fixture file format 1 (JSON, UTF-8). It is written with sorted keys, sorted entries and a
+1-space indent, so recording the same server twice gives byte-identical files and a re-record
+diffs line by line:
+
+    {
+     "format": 1,
+     "search": [                                   # sorted by (doc_id, query, top_n)
+      {"doc_id": "annual_report", "query": "revenue 2023", "top_n": 3,
+       "results": [{"blob": "<sha256>", "id": "annual_report_3"}, ...]}
+     ],
+     "fetch": [                                    # sorted by (doc_id, spec)
+      {"doc_id": "annual_report", "spec": "image, 3", "result": {"blob": "<sha256>", "id": "image, 3"}},
+      {"doc_id": "annual_report", "spec": "text, 3", "result": {"contents": "page text", "id": "text, 3"}}
+     ],
+     "blobs": {"<sha256>": "<base64 JPEG>"}
+    }
+
+Items are the wire items exactly as the server sent them (extra fields kept), except that image
+contents (search hits and image fetches) move to "blobs", keyed by the sha256 of the base64
+text: a page image is stored once however often it was retrieved. Text pages and per-item errors
+(`{"id": "error", "contents": reason}`, recorded too: they replay as the same error) stay inline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections import Counter
+from typing import Any, Iterable
+
+from .retriever_client import (
+    ERROR_ID,
+    FetchSpec,
+    HttpTransport,
+    RetrieverClient,
+    RetrieverFailure,
+    TransportHTTPError,
+    is_wire_item,
+)
+
+FORMAT = 1
+SearchKey = tuple[str, str, int]  # (doc_id, query, top_n)
+FetchKey = tuple[str, str]  # (doc_id, canonical spec)
+
+
+class FixtureMiss(LookupError):
+    """A strict replay was asked for an item that was never recorded (a test bug, not a fault)."""
+
+    def __init__(self, key: tuple, source: str | None = None):
+        kind = "search (doc_id, query, top_n)" if len(key) == 3 else "fetch (doc_id, spec)"
+        where = f" in {source}" if source else ""
+        super().__init__(f"no recorded {kind} {key!r}{where}; record it with record_fixtures()")
+        self.key = key
+
+
+def canonical_spec(spec: str) -> str:
+    try:
+        return FetchSpec.parse(spec).wire()
+    except ValueError:
+        return spec.strip()  # unknown forms still key consistently
+
+
+def _blob_key(contents: str) -> str:
+    return hashlib.sha256(contents.encode("utf-8")).hexdigest()
+
+
+def _is_image_fetch(spec: str) -> bool:
+    return spec.startswith("image")
+
+
+# --------------------------------------------------------------------------- in-memory store
+
+
+class Fixtures:
+    """Recorded items, keyed per item. Holds wire items with their contents inline."""
+
+    def __init__(self) -> None:
+        self.search: dict[SearchKey, list[dict]] = {}
+        self.fetch: dict[FetchKey, dict] = {}
+
+    def add_search(self, doc_id: str, query: str, top_n: int, results: list[dict]) -> None:
+        self.search[(doc_id, query, int(top_n))] = [dict(r) for r in results]
+
+    def add_fetch(self, doc_id: str, spec: str, result: dict) -> None:
+        self.fetch[(doc_id, canonical_spec(spec))] = dict(result)
+
+    # -- serialisation (pure)
+
+    def to_json(self) -> str:
+        blobs: dict[str, str] = {}
+
+        def pack(item: dict, image: bool) -> dict:
+            if not image or item.get("id") == ERROR_ID:
+                return item
+            packed = {k: v for k, v in item.items() if k != "contents"}
+            packed["blob"] = key = _blob_key(item["contents"])
+            blobs[key] = item["contents"]
+            return packed
+
+        doc = {
+            "format": FORMAT,
+            "search": [
+                {"doc_id": d, "query": q, "top_n": n, "results": [pack(r, True) for r in self.search[(d, q, n)]]}
+                for d, q, n in sorted(self.search)
+            ],
+            "fetch": [
+                {"doc_id": d, "spec": s, "result": pack(self.fetch[(d, s)], _is_image_fetch(s))}
+                for d, s in sorted(self.fetch)
+            ],
+        }
+        doc["blobs"] = blobs
+        return json.dumps(doc, sort_keys=True, indent=1, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "Fixtures":
+        doc = json.loads(text)
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ValueError(f"not a retriever fixture file of format {FORMAT}")
+        blobs = doc.get("blobs", {})
+
+        def unpack(item: dict) -> dict:
+            if "blob" not in item:
+                return item
+            if item["blob"] not in blobs:
+                raise ValueError(f"fixture file references a missing blob {item['blob']}")
+            out = {k: v for k, v in item.items() if k != "blob"}
+            out["contents"] = blobs[item["blob"]]
+            return out
+
+        fx = cls()
+        for e in doc.get("search", []):
+            fx.add_search(e["doc_id"], e["query"], e["top_n"], [unpack(r) for r in e["results"]])
+        for e in doc.get("fetch", []):
+            fx.add_fetch(e["doc_id"], e["spec"], unpack(e["result"]))
+        return fx
+
+    def save(self, path: str | os.PathLike) -> str:
+        text = self.to_json()
+        tmp = f"{os.fspath(path)}.tmp"
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+        os.replace(tmp, path)  # never leave a half-written fixture behind
+        return text
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Fixtures":
+        with open(path, encoding="utf-8") as f:
+            return cls.from_json(f.read())
+
+
+def _pairs(body: dict) -> tuple[list, list]:
+    queries, ids = body.get("query"), body.get("id")
+    if not isinstance(queries, list) or not isinstance(ids, list) or len(queries) != len(ids):
+        raise TransportHTTPError(422, "request needs equal-length 'query' and 'id' lists")
+    return queries, ids
+
+
+# --------------------------------------------------------------------------- replay
+
+
+class FixtureTransport:
+    """A transport (see retriever_client.Transport) answering from recorded items."""
+
+    def __init__(self, fixtures: Fixtures, *, strict: bool = True, source: str | None = None):
+        self.fixtures = fixtures
+        self.strict = strict
+        self.source = source
+        self.requests: Counter[str] = Counter()  # path -> number of requests, for tests
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, strict: bool = True) -> "FixtureTransport":
+        return cls(Fixtures.load(path), strict=strict, source=os.fspath(path))
+
+    def post(self, path: str, body: dict, timeout: float) -> Any:
+        self.requests[path] += 1
+        queries, ids = _pairs(body)
+        if path == "/batch_search":
+            top_n = body.get("top_n")
+            return [self._search(d, q, top_n) for q, d in zip(queries, ids)]
+        if path == "/batch_fetch":
+            return [self._fetch(d, s) for s, d in zip(queries, ids)]
+        raise TransportHTTPError(404, f"fixture replay has no route {path}")
+
+    def get(self, path: str, timeout: float) -> Any:
+        if path == "/health":
+            return {"status": "ok"}
+        raise TransportHTTPError(404, f"fixture replay has no route {path}")
+
+    def close(self) -> None:
+        pass
+
+    def _search(self, doc_id: str, query: str, top_n: Any) -> list[dict]:
+        key = (doc_id, query, top_n)
+        hit = self.fixtures.search.get(key)
+        return [dict(r) for r in hit] if hit is not None else [self._miss(key)]
+
+    def _fetch(self, doc_id: str, spec: str) -> dict:
+        key = (doc_id, canonical_spec(spec))
+        hit = self.fixtures.fetch.get(key)
+        return dict(hit) if hit is not None else self._miss(key)
+
+    def _miss(self, key: tuple) -> dict:
+        if self.strict:
+            raise FixtureMiss(key, self.source)
+        return {"id": ERROR_ID, "contents": f"no recorded result for {key!r}"}
+
+
+# --------------------------------------------------------------------------- recording
+
+
+class RecordingTransport:
+    """Wraps a live transport and records every well-formed item it passes through."""
+
+    def __init__(self, inner, fixtures: Fixtures | None = None):
+        self.inner = inner
+        self.fixtures = fixtures if fixtures is not None else Fixtures()
+        self._lock = threading.Lock()  # the client calls post() from several threads
+
+    def post(self, path: str, body: dict, timeout: float) -> Any:
+        data = self.inner.post(path, body, timeout)
+        if isinstance(data, list) and len(data) == len(body.get("query", ())):
+            with self._lock:
+                self._record(path, body, data)
+        return data
+
+    def _record(self, path: str, body: dict, data: list) -> None:
+        for query, doc_id, answer in zip(body["query"], body["id"], data):
+            if path == "/batch_search" and isinstance(answer, list) and all(is_wire_item(h) for h in answer):
+                self.fixtures.add_search(doc_id, query, body["top_n"], answer)
+            elif path == "/batch_fetch" and is_wire_item(answer):
+                self.fixtures.add_fetch(doc_id, query, answer)
+
+    def get(self, path: str, timeout: float) -> Any:
+        return self.inner.get(path, timeout)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def save(self, path: str | os.PathLike) -> str:
+        with self._lock:
+            return self.fixtures.save(path)
+
+
+def record_fixtures(
+    base_url: str,
+    path: str | os.PathLike,
+    *,
+    searches: Iterable[tuple[str, str]],
+    fetches: Iterable[tuple[str, str]],
+    top_n: int,
+    api_key: str | None = None,
+    timeout: float = 30.0,
+    max_batch: int = 64,
+) -> dict:
+    """Ask a LIVE retriever for `searches` [(doc_id, query)] and `fetches` [(doc_id, "image, 3")]
+    and write the fixture file. Raises RuntimeError (and writes nothing) if any item failed for a
+    transport reason: a fixture recorded during an outage would silently miss items. Per-item
+    server errors are recorded and counted."""
+    searches, fetches = list(searches), list(fetches)
+    recorder = RecordingTransport(HttpTransport(base_url, api_key=api_key))
+    with RetrieverClient(base_url, timeout=timeout, max_batch=max_batch, transport=recorder) as client:
+        results: list = []
+        if searches:
+            results += client.batch_search([q for _, q in searches], [d for d, _ in searches], top_n)
+        if fetches:
+            results += client.batch_fetch([FetchSpec.parse(s) for _, s in fetches], [d for d, _ in fetches])
+    failures = [r for r in results if isinstance(r, RetrieverFailure)]
+    broken = [f for f in failures if f.kind != "server"]
+    if broken:
+        raise RuntimeError(f"recording incomplete: {len(broken)} item(s) failed, first: {broken[0].message}")
+    text = recorder.save(path)
+    return {
+        "searches": len(recorder.fixtures.search),
+        "fetches": len(recorder.fixtures.fetch),
+        "blobs": len(json.loads(text)["blobs"]),
+        "server_errors": len(failures),
+        "bytes": len(text.encode("utf-8")),
+    }

@@ -1,0 +1,144 @@
+"""Turning tool results into observation tokens (pure, given a tokenizer and the page geometry).
+
+An image observation has two views built from one grid computation: the engine view holds one
+`<|image_pad|>` per image (vLLM expands it itself), the trainer view holds the expanded run of
+t*h*w/merge^2 pads that the actor's processor will produce features for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+RESULT_OPEN = "<result>"
+RESULT_CLOSE = "</result>"
+
+_VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+_OTHER_VISION_SPECIALS = (
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+)
+
+
+@dataclass(frozen=True)
+class VisionTokens:
+    vision_start: int
+    vision_end: int
+    image_pad: int
+    # Every vision special token id: the policy must never sample these (logit_bias bans them).
+    banned: tuple[int, ...]
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any) -> "VisionTokens":
+        vocab = tokenizer.get_vocab()
+        missing = [t for t in _VISION_TOKENS[:2] + ("<|image_pad|>",) if t not in vocab]
+        if missing:
+            raise ValueError(f"tokenizer lacks the Qwen2-VL vision tokens {missing}")
+        banned = tuple(vocab[t] for t in _VISION_TOKENS + _OTHER_VISION_SPECIALS if t in vocab)
+        return cls(vocab["<|vision_start|>"], vocab["<|vision_end|>"], vocab["<|image_pad|>"], banned)
+
+
+@dataclass(frozen=True)
+class Observation:
+    engine_ids: tuple[int, ...]
+    trainer_ids: tuple[int, ...]
+    images: tuple[Any, ...] = ()  # vision.PageImage, in sequence order
+    page_ids: tuple[str, ...] = ()
+    dropped_images: int = 0  # pages left out because they did not fit the budget or image limit
+    is_error: bool = False
+
+    @property
+    def num_images(self) -> int:
+        return len(self.images)
+
+
+@dataclass
+class ObservationBuilder:
+    tokenizer: Any
+    vision: VisionTokens
+    max_text_tokens: int = 512
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Plain text as ids; special-token strings inside page text stay plain text."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+    def _literal(self, text: str) -> tuple[int, ...]:
+        if text not in self._cache:
+            self._cache[text] = tuple(self.encode_text(text))
+        return self._cache[text]
+
+    @property
+    def _overhead(self) -> int:
+        return len(self._literal(RESULT_OPEN)) + len(self._literal(RESULT_CLOSE))
+
+    def image_block(self, num_tokens: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(engine ids, trainer ids) of one image."""
+        v = self.vision
+        return (v.vision_start, v.image_pad, v.vision_end), (v.vision_start,) + (v.image_pad,) * num_tokens + (
+            v.vision_end,
+        )
+
+    def pages(
+        self,
+        images: Sequence[Any],
+        page_ids: Sequence[str],
+        budget: int,
+        image_slots: int,
+    ) -> Optional[Observation]:
+        """An observation with as many whole pages, best first, as fit `budget` tokens and
+        `image_slots` images; None when not even the empty result block fits."""
+        if budget < self._overhead:
+            return None
+        room = budget - self._overhead
+        engine, trainer, kept, kept_ids = [], [], [], []
+        for image, page_id in zip(images, page_ids):
+            block_engine, block_trainer = self.image_block(image.num_tokens)
+            if len(kept) >= image_slots or len(block_trainer) > room:
+                continue  # a later, smaller page may still fit
+            engine.extend(block_engine)
+            trainer.extend(block_trainer)
+            kept.append(image)
+            kept_ids.append(page_id)
+            room -= len(block_trainer)
+        if not images:
+            return self.message("no pages found for this query.", budget)
+        if not kept and image_slots <= 0:
+            limit = self.message("the image limit of this episode is reached; answer now.", budget)
+            return None if limit is None else dataclasses.replace(limit, dropped_images=len(images))
+        if not kept:
+            return None  # pages existed but none fits: the episode ends on its budget
+        return Observation(
+            engine_ids=self._wrap(engine),
+            trainer_ids=self._wrap(trainer),
+            images=tuple(kept),
+            page_ids=tuple(kept_ids),
+            dropped_images=len(images) - len(kept),
+        )
+
+    def text(self, text: str, page_id: str, budget: int) -> Optional[Observation]:
+        """Page text, cut to `max_text_tokens` and to the budget."""
+        room = min(budget - self._overhead, self.max_text_tokens)
+        if room < 1:
+            return None
+        ids = self.encode_text(text)[:room]
+        wrapped = self._wrap(ids)
+        return Observation(engine_ids=wrapped, trainer_ids=wrapped, page_ids=(page_id,))
+
+    def message(self, message: str, budget: int, is_error: bool = False) -> Optional[Observation]:
+        """A short text for the model (an error, a correction); None if it does not fit whole."""
+        wrapped = self._wrap(self.encode_text(message))
+        if len(wrapped) > budget:
+            return None
+        return Observation(engine_ids=wrapped, trainer_ids=wrapped, is_error=is_error)
+
+    def error(self, message: str, budget: int) -> Optional[Observation]:
+        return self.message(f"error: {message}", budget, is_error=True)
+
+    def _wrap(self, inner: Sequence[int]) -> tuple[int, ...]:
+        return self._literal(RESULT_OPEN) + tuple(inner) + self._literal(RESULT_CLOSE)

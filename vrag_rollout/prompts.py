@@ -1,0 +1,110 @@
+"""Prompt batches as an EasyR1-style dataset builds them (for the demo, tests and standalone use).
+
+Each prompt is rendered with the chat template, its images expanded to their processor grids in
+`input_ids` (left-padded to `prompt_length`), with `raw_prompt_ids` holding one pad per image as
+the engine wants, and Qwen2-VL position ids in the (bs, 4, P) layout: the text row, then mrope.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .positions import rope_positions
+from .protocol import DataProto, object_array
+
+AGENT_INSTRUCTIONS = (
+    "Answer the question about the document using its pages. "
+    "To search the document write <search>a short query</search>. "
+    "To read one page write <fetch>image, N</fetch> or <fetch>text, N</fetch> (pages start at 1). "
+    "Results come back inside <result></result>. "
+    "Think inside <think></think> and give the final answer inside <answer></answer>."
+)
+
+
+@dataclass
+class PromptSample:
+    question: str
+    doc_id: Optional[str] = None
+    images: list = field(default_factory=list)  # PIL images shown with the question
+    instructions: str = AGENT_INSTRUCTIONS
+
+
+def render_prompt(tokenizer: Any, sample: PromptSample) -> str:
+    content = [{"type": "image"} for _ in sample.images]
+    content.append({"type": "text", "text": f"{sample.instructions}\nQuestion: {sample.question}"})
+    messages = [{"role": "user", "content": content}]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def build_prompt_batch(
+    tokenizer: Any,
+    processor: Any,
+    samples: Sequence[PromptSample],
+    prompt_length: int,
+    *,
+    doc_id_key: str = "doc_id",
+    position_rows: int = 4,
+    proto_cls: type = DataProto,
+    meta_info: Optional[dict] = None,
+) -> Any:
+    vocab = tokenizer.get_vocab()
+    image_pad = vocab["<|image_pad|>"]
+    image_processor = processor.image_processor
+    merge = int(getattr(image_processor, "merge_size", 2))
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    rows_ids, rows_mask, rows_pos, raw_ids, mm_data = [], [], [], [], []
+    for sample in samples:
+        raw = tokenizer.encode(render_prompt(tokenizer, sample), add_special_tokens=False)
+        grids: list[tuple[int, int, int]] = []
+        if sample.images:
+            grid_tensor = image_processor(images=sample.images, return_tensors="pt")["image_grid_thw"]
+            grids = [tuple(int(x) for x in grid) for grid in grid_tensor]
+        expanded = _expand_pads(raw, grids, image_pad, merge)
+        if len(expanded) > prompt_length:
+            raise ValueError(f"prompt of {len(expanded)} tokens exceeds prompt_length={prompt_length}")
+        rope = rope_positions(expanded, grids, image_pad_id=image_pad, merge_size=merge)
+        text = torch.arange(len(expanded)).unsqueeze(0)
+        positions = torch.cat([text, rope]) if position_rows == 4 else rope
+        left = prompt_length - len(expanded)
+        rows_ids.append(torch.tensor([pad_id] * left + expanded))
+        rows_mask.append(torch.tensor([0] * left + [1] * len(expanded)))
+        rows_pos.append(torch.cat([torch.zeros((positions.size(0), left), dtype=torch.long), positions], dim=-1))
+        raw_ids.append(raw)
+        mm_data.append({"images": list(sample.images)})
+
+    tensors = {
+        "input_ids": torch.stack(rows_ids),
+        "attention_mask": torch.stack(rows_mask),
+        "position_ids": torch.stack(rows_pos),
+    }
+    non_tensors = {
+        "raw_prompt_ids": object_array(raw_ids),
+        doc_id_key: np.array([sample.doc_id for sample in samples], dtype=object),
+    }
+    if any(sample.images for sample in samples):
+        non_tensors["multi_modal_data"] = object_array(mm_data)
+    meta = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": pad_id, **(meta_info or {})}
+    return _make(proto_cls, tensors, non_tensors, meta)
+
+
+def _expand_pads(ids: Sequence[int], grids: Sequence[tuple[int, int, int]], image_pad: int, merge: int) -> list[int]:
+    out: list[int] = []
+    images = iter(grids)
+    for token in ids:
+        if token == image_pad:
+            t, h, w = next(images)
+            out.extend([image_pad] * (t * h * w // (merge * merge)))
+        else:
+            out.append(token)
+    return out
+
+
+def _make(proto_cls: type, tensors: dict, non_tensors: dict, meta: dict) -> Any:
+    if hasattr(proto_cls, "from_dict"):
+        return proto_cls.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta)
+    return proto_cls(batch=tensors, non_tensor_batch=non_tensors, meta_info=meta)

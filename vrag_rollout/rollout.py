@@ -1,0 +1,343 @@
+"""The rollout classes a trainer calls: `BaseRollout`, `vLLMRollout`, `vLLMRolloutAgent`.
+
+They compose the pure modules (episode, actions, observation, batch) with the two I/O edges
+(the vLLM engine and the retriever client). One turn = one generation call for every active
+sample, then one batched retriever call per tool kind.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from abc import ABC, abstractmethod
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional, Sequence
+
+import torch
+from PIL import Image
+from tensordict import TensorDict
+
+from .actions import TOOL_STOPS, Answer, Fetch, Invalid, Search, Stop, parse_action
+from .batch import BatchSpec, collect_metrics, episode_columns, response_position_ids, response_tensors
+from .config import AgentRolloutConfig
+from .engine import VLLMEngine, build_llm
+from .episode import Episode
+from .observation import ObservationBuilder, VisionTokens
+from .protocol import object_array
+from .sampling import SamplingPlan, overrides_from_meta, request_seed
+
+
+class BaseRollout(ABC):
+    @abstractmethod
+    def generate_sequences(self, prompts: Any) -> Any:
+        """prompts: a DataProto of left-padded prompts -> a DataProto of prompts + responses."""
+
+
+class vLLMRollout(BaseRollout):
+    """Single-turn rollout with EasyR1's semantics: n samples per prompt, adjacent."""
+
+    stop_strings: Sequence[str] = ()
+
+    def __init__(self, model_path: str, config: Any, tokenizer: Any, processor: Any = None, *,
+                 inference_engine: Any = None, **kwargs: Any):
+        self.config = AgentRolloutConfig.from_any(config)
+        if self.config.response_length < 1 or self.config.prompt_length < 1:
+            raise ValueError("prompt_length and response_length must be set (> 0) in the rollout config")
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.vision_tokens = VisionTokens.from_tokenizer(tokenizer)
+        self.max_images = self.config.images_per_sample()
+        self.inference_engine = inference_engine or build_llm(model_path, self.config, self.max_images)
+        self.engine = VLLMEngine(self.inference_engine)
+        self.sampling = SamplingPlan(
+            self.config,
+            banned_token_ids=self.vision_tokens.banned,
+            stop=self.stop_strings,
+            action_regex=self.config.action_regex,
+            logprobs=self.config.calculate_log_probs,
+        )
+        self.merge_size = _merge_size(processor)
+        self._step = 0
+
+    @contextmanager
+    def update_sampling_params(self, **kwargs: Any) -> Iterator[None]:
+        """Override sampling settings for the duration of one call (as EasyR1 does)."""
+        with self.sampling.overridden(**kwargs):
+            yield
+
+    @property
+    def max_turns(self) -> int:
+        return 1
+
+    def generate_sequences(self, prompts: Any) -> Any:
+        started = time.perf_counter()
+        with self.update_sampling_params(**overrides_from_meta(prompts.meta_info)):
+            episodes = self._episodes(prompts)
+            self._before_rollout()
+            for turn in range(self.max_turns):
+                active = [ep for ep in episodes if not ep.done]
+                if not active:
+                    break
+                self._turn(active, turn)
+            for episode in episodes:
+                episode.finish("max_turns")  # no-op for episodes that already ended
+        self._step += 1
+        return self._assemble(prompts, episodes, time.perf_counter() - started)
+
+    # ---- one turn ----
+    def _turn(self, active: list[Episode], turn: int) -> None:
+        for episode in active:
+            if episode.remaining <= 0:
+                episode.finish("length")
+        active = [ep for ep in active if not ep.done]
+        params = [
+            self.sampling.params(ep.remaining, request_seed(self.sampling.seed, self._step, ep.index, turn))
+            for ep in active
+        ]
+        outputs = self.engine.generate([ep.engine_prompt() for ep in active], params)
+        tool_calls = []
+        for episode, output in zip(active, outputs):
+            episode.append_sampled(output.token_ids, output.logprobs)
+            action = parse_action(output.text, output.finish_reason, output.stop_reason, self.config.fetch_modes)
+            if self._settle(episode, action, last_turn=turn == self.max_turns - 1):
+                tool_calls.append((episode, action))
+        if tool_calls:
+            self._run_tools(tool_calls)
+
+    def _settle(self, episode: Episode, action: Any, last_turn: bool) -> bool:
+        """End the episode or answer it directly; True when the action needs the retriever."""
+        if isinstance(action, Answer):
+            episode.answer = action.text
+            episode.finish("answered")
+        elif isinstance(action, Stop):
+            episode.finish(action.reason)
+        else:
+            if isinstance(action, Invalid):
+                episode.invalid_actions += 1
+            if last_turn:
+                episode.finish("max_turns")
+            elif isinstance(action, Invalid):
+                self._observe(episode, self.observations.error(action.message, episode.remaining))
+            else:
+                return True
+        return False
+
+    def _observe(self, episode: Episode, observation: Any) -> None:
+        if observation is None or not episode.append_observation(observation):
+            episode.finish("budget")
+
+    def _before_rollout(self) -> None:
+        pass
+
+    def _run_tools(self, calls: list) -> None:
+        raise RuntimeError("this rollout has no tools")  # no stop strings: tool calls cannot occur
+
+    @property
+    def observations(self) -> ObservationBuilder:
+        if not hasattr(self, "_observations"):
+            self._observations = ObservationBuilder(
+                self.tokenizer, self.vision_tokens, max_text_tokens=self.config.max_fetch_text_tokens
+            )
+        return self._observations
+
+    # ---- input and output ----
+    def _episodes(self, prompts: Any) -> list[Episode]:
+        input_ids = prompts.batch["input_ids"]
+        attention = prompts.batch["attention_mask"]
+        raw_ids = prompts.non_tensor_batch.get("raw_prompt_ids")
+        images = _prompt_images(prompts.non_tensor_batch.get("multi_modal_data"), len(input_ids))
+        doc_ids = self._doc_ids(prompts)
+        n = self.sampling.n
+        episodes = []
+        for row in range(len(input_ids)):
+            engine_ids = list(raw_ids[row]) if raw_ids is not None else self._collapse(input_ids[row], attention[row])
+            for copy in range(n):
+                episodes.append(
+                    Episode(
+                        index=row * n + copy,
+                        prompt_engine_ids=engine_ids,
+                        prompt_images=images[row],
+                        doc_id=doc_ids[row],
+                        response_length=self.config.response_length,
+                        max_images=self.max_images,
+                    )
+                )
+        return episodes
+
+    def _doc_ids(self, prompts: Any) -> list[Optional[str]]:
+        return [None] * len(prompts.batch["input_ids"])
+
+    def _collapse(self, ids: torch.Tensor, mask: torch.Tensor) -> list[int]:
+        """Left padding removed and each expanded image pad run collapsed to one pad."""
+        pad = self.vision_tokens.image_pad
+        out: list[int] = []
+        for token in ids[mask.bool()].tolist():
+            if token == pad and out and out[-1] == pad:
+                continue
+            out.append(token)
+        return out
+
+    def _client_stats(self) -> dict:
+        return {}
+
+    def _assemble(self, prompts: Any, episodes: list[Episode], elapsed: float) -> Any:
+        n = self.sampling.n
+        meta = prompts.meta_info
+        spec = BatchSpec(
+            response_length=self.config.response_length,
+            pad_token_id=_pad_token_id(meta, self.tokenizer),
+            image_pad_id=self.vision_tokens.image_pad,
+            merge_size=self.merge_size,
+            position_layout=self.config.position_ids_layout,
+            image_key=_image_key(prompts.non_tensor_batch.get("multi_modal_data")),
+            with_logprobs=self.config.calculate_log_probs,
+        )
+        prompt_ids = prompts.batch["input_ids"].repeat_interleave(n, dim=0)
+        prompt_mask = prompts.batch["attention_mask"].repeat_interleave(n, dim=0)
+        prompt_positions = prompts.batch["position_ids"].repeat_interleave(n, dim=0)
+        tensors = response_tensors(episodes, spec)
+        tensors["response_mask"] = tensors["response_mask"].to(prompt_mask.dtype)
+        tensors["loss_mask"] = tensors["loss_mask"].to(prompt_mask.dtype)
+        tensors.update(
+            prompts=prompt_ids,
+            input_ids=torch.cat([prompt_ids, tensors["responses"]], dim=-1),
+            attention_mask=torch.cat([prompt_mask, tensors["response_mask"]], dim=-1),
+            position_ids=response_position_ids(prompt_positions, prompt_mask, episodes, spec),
+        )
+        non_tensors = episode_columns(episodes, spec)
+        for key in self._passthrough_columns(prompts):
+            non_tensors[key] = object_array([prompts.non_tensor_batch[key][ep.index // n] for ep in episodes])
+        meta_out = dict(meta)
+        meta_out["metrics"] = collect_metrics(episodes, self._client_stats(), elapsed)
+        return type(prompts)(
+            batch=TensorDict(tensors, batch_size=[len(episodes)]),
+            non_tensor_batch=non_tensors,
+            meta_info=meta_out,
+        )
+
+    def _passthrough_columns(self, prompts: Any) -> list[str]:
+        return []
+
+
+class vLLMRolloutAgent(vLLMRollout):
+    """Multi-turn search/fetch agent over a page-image retriever."""
+
+    stop_strings = TOOL_STOPS
+
+    def __init__(self, model_path: str, config: Any, tokenizer: Any, processor: Any, *,
+                 inference_engine: Any = None, retriever: Any = None, **kwargs: Any):
+        super().__init__(model_path, config, tokenizer, processor, inference_engine=inference_engine, **kwargs)
+        from .tools import Observer
+        from .vision import PixelBand
+
+        if processor is None:
+            raise ValueError("vLLMRolloutAgent needs the model's processor (page grids must match the actor's)")
+        self.band = PixelBand.from_processor(
+            processor, min_pixels=self.config.page_min_pixels, max_pixels=self.config.page_max_pixels
+        )
+        self.retriever = retriever or self._default_retriever()
+        self.observer = Observer(self.observations, self.band)
+
+    @property
+    def max_turns(self) -> int:
+        return self.config.max_turns
+
+    def _default_retriever(self) -> Any:
+        from .retriever_client import RetrieverClient
+
+        config = self.config
+        transport = None
+        if config.retriever_fixtures:
+            from .fixtures import FixtureTransport
+
+            transport = FixtureTransport.load(config.retriever_fixtures)
+        return RetrieverClient(
+            config.retriever_url,
+            timeout=config.retriever_timeout,
+            retries=config.retriever_retries,
+            max_concurrency=config.retriever_max_concurrency,
+            api_key=config.retriever_api_key,
+            transport=transport,
+        )
+
+    def _doc_ids(self, prompts: Any) -> list[Optional[str]]:
+        key = self.config.doc_id_key
+        column = prompts.non_tensor_batch.get(key)
+        if column is None:
+            raise ValueError(
+                f"the prompts carry no {key!r} column: the agent searches inside each sample's document, "
+                f"so the trainer must pop {key!r} into the generation batch (see docs/easyr1.md)"
+            )
+        return [None if value is None else str(value) for value in column]
+
+    def _passthrough_columns(self, prompts: Any) -> list[str]:
+        return [self.config.doc_id_key]
+
+    def _before_rollout(self) -> None:
+        stats = getattr(self.retriever, "stats", None)
+        if stats is not None:
+            stats.reset()
+
+    def _client_stats(self) -> dict:
+        stats = getattr(self.retriever, "stats", None)
+        return stats.snapshot() if stats is not None else {}
+
+    def _run_tools(self, calls: list) -> None:
+        from .tools import ToolCall, call_retriever
+
+        for episode, action in calls:
+            if isinstance(action, Search):
+                episode.searches += 1
+            elif isinstance(action, Fetch):
+                episode.fetches += 1
+        requests = [ToolCall(i, action, episode.doc_id) for i, (episode, action) in enumerate(calls)]
+        outcomes = call_retriever(requests, self.retriever, self.config.top_n)
+        for (episode, action), outcome in zip(calls, outcomes):
+            result = self.observer.observe(action, outcome, episode.remaining, episode.image_slots)
+            episode.retriever_errors += int(result.retriever_error)
+            self._observe(episode, result.observation)
+
+
+def _merge_size(processor: Any) -> int:
+    image_processor = getattr(processor, "image_processor", processor)
+    return int(getattr(image_processor, "merge_size", 2) or 2)
+
+
+def _pad_token_id(meta: dict, tokenizer: Any) -> int:
+    pad = meta.get("pad_token_id", tokenizer.pad_token_id)
+    if pad is None:
+        pad = tokenizer.eos_token_id
+    return int(pad)
+
+
+def _image_key(column: Any) -> str:
+    """Follow the trainer's key: "images" (current EasyR1) or "image" (v0.3)."""
+    if column is not None:
+        for item in column:
+            if isinstance(item, dict) and item:
+                return "image" if "image" in item and "images" not in item else "images"
+    return "images"
+
+
+def _prompt_images(column: Any, size: int) -> list[list[Any]]:
+    if column is None:
+        return [[] for _ in range(size)]
+    out = []
+    for item in column:
+        images = []
+        if isinstance(item, dict):
+            images = item.get("images", item.get("image")) or []
+        out.append([_as_pil(image) for image in images])
+    return out
+
+
+def _as_pil(image: Any) -> Image.Image:
+    if isinstance(image, Image.Image):
+        return image
+    if isinstance(image, dict) and image.get("bytes") is not None:
+        image = image["bytes"]
+    if isinstance(image, (bytes, bytearray)):
+        return Image.open(io.BytesIO(image)).convert("RGB")
+    if isinstance(image, str):
+        return Image.open(image).convert("RGB")
+    raise TypeError(f"cannot read a prompt image of type {type(image).__name__}")

@@ -1,0 +1,91 @@
+"""Per-request sampling settings (pure apart from the vLLM SamplingParams class it fills).
+
+EasyR1 copies every rollout config field that SamplingParams also has; this module does the same,
+then fixes what a multi-turn agent needs: stop strings kept in the output (so detokenize is on),
+a per-turn `max_tokens`, vision special tokens banned, and one distinct seed per sample and turn
+so that the n samples of a prompt differ even under a fixed config seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+# Fields the agent sets itself; a config or override never sets them directly.
+_AGENT_OWNED = {"n", "max_tokens", "seed", "stop", "include_stop_str_in_output", "detokenize", "logit_bias", "logprobs"}
+BANNED_LOGIT_BIAS = -100.0
+
+
+def sampling_field_names() -> frozenset:
+    from vllm import SamplingParams
+
+    return frozenset(name for name in SamplingParams.__struct_fields__ if not name.startswith("_"))
+
+
+def request_seed(base_seed: Optional[int], step: int, sample: int, turn: int) -> Optional[int]:
+    """A seed unique to (rollout step, sample, turn) derived from the config seed; None stays None.
+
+    Reusing the config seed for every copy of a prompt would give n identical samples.
+    """
+    if base_seed is None:
+        return None
+    digest = hashlib.blake2b(f"{base_seed}:{step}:{sample}:{turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+class SamplingPlan:
+    """Base sampling settings plus temporary overrides (EasyR1's `update_sampling_params`)."""
+
+    def __init__(self, config: Any, banned_token_ids: Sequence[int], stop: Sequence[str] = (),
+                 action_regex: Optional[str] = None, logprobs: bool = False):
+        self._fields = sampling_field_names()
+        self.base: dict = {k: getattr(config, k) for k in self._fields - _AGENT_OWNED if hasattr(config, k)}
+        self.n = int(config.n)
+        self.seed = config.seed
+        self.stop = list(stop)
+        self.banned = list(banned_token_ids)
+        self.action_regex = action_regex
+        self.logprobs = logprobs
+
+    @contextmanager
+    def overridden(self, **overrides: Any) -> Iterator["SamplingPlan"]:
+        """Apply overrides whose names SamplingParams knows (plus n and seed) for one call."""
+        saved = (dict(self.base), self.n, self.seed)
+        for key, value in overrides.items():
+            if key == "n":
+                self.n = int(value)
+            elif key == "seed":
+                self.seed = value
+            elif key in self._fields and key not in _AGENT_OWNED:
+                self.base[key] = value
+        try:
+            yield self
+        finally:
+            self.base, self.n, self.seed = saved
+
+    def params(self, max_tokens: int, seed: Optional[int]) -> Any:
+        from vllm import SamplingParams
+
+        kwargs = dict(self.base)
+        kwargs.update(
+            n=1,
+            max_tokens=max_tokens,
+            seed=seed,
+            detokenize=True,  # stop strings are matched on text
+            logit_bias={token: BANNED_LOGIT_BIAS for token in self.banned},
+        )
+        if self.stop:
+            kwargs.update(stop=list(self.stop), include_stop_str_in_output=True)
+        if self.logprobs:
+            kwargs["logprobs"] = 0  # the sampled token's own logprob
+        if self.action_regex:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            kwargs["structured_outputs"] = StructuredOutputsParams(regex=self.action_regex)
+        return SamplingParams(**kwargs)
+
+
+def overrides_from_meta(meta_info: Mapping[str, Any]) -> dict:
+    """The meta_info entries that are sampling overrides (EasyR1 passes the whole meta_info)."""
+    return {k: v for k, v in meta_info.items() if k not in {"eos_token_id", "pad_token_id"}}

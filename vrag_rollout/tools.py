@@ -1,0 +1,103 @@
+"""Executing one turn's tool calls and turning their results into observations.
+
+All searches of a turn go to the retriever in one batched call and all fetches in another (the
+two run side by side). Every outcome is a page list, a page, or a `RetrieverFailure`: a failure
+becomes an error observation for that sample only.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence, Union
+
+from .actions import Fetch, Search
+from .observation import Observation, ObservationBuilder
+from .retriever_client import FetchSpec, RetrievedPage, RetrieverFailure
+from .vision import ImageDecodeError, PixelBand, decode_base64_image, fit_to_band
+
+Outcome = Union[list, RetrievedPage, RetrieverFailure]
+
+
+@dataclass
+class ToolCall:
+    sample: int  # index into the turn's episode list
+    action: Union[Search, Fetch]
+    doc_id: Optional[str]
+
+
+@dataclass
+class ObservationResult:
+    observation: Optional[Observation]  # None: it did not fit the budget
+    retriever_error: bool = False
+    decode_errors: int = 0
+
+
+def call_retriever(calls: Sequence[ToolCall], client: Any, top_n: int) -> list[Outcome]:
+    """Outcomes in the order of `calls`, from at most one search and one fetch request batch."""
+    outcomes: list[Outcome] = [None] * len(calls)  # type: ignore[list-item]
+    searches = [i for i, c in enumerate(calls) if isinstance(c.action, Search) and c.doc_id is not None]
+    fetches = [i for i, c in enumerate(calls) if isinstance(c.action, Fetch) and c.doc_id is not None]
+    for i, call in enumerate(calls):
+        if call.doc_id is None:
+            outcomes[i] = RetrieverFailure("server", "this question has no document to search.")
+
+    def run_searches() -> list:
+        if not searches:
+            return []
+        return client.batch_search(
+            [calls[i].action.query for i in searches], [calls[i].doc_id for i in searches], top_n
+        )
+
+    def run_fetches() -> list:
+        if not fetches:
+            return []
+        specs = [FetchSpec(calls[i].action.modality, calls[i].action.page) for i in fetches]
+        return client.batch_fetch(specs, [calls[i].doc_id for i in fetches])
+
+    if searches and fetches:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            search_future, fetch_future = pool.submit(run_searches), pool.submit(run_fetches)
+            search_results, fetch_results = search_future.result(), fetch_future.result()
+    else:
+        search_results, fetch_results = run_searches(), run_fetches()
+    for i, result in zip(searches, search_results):
+        outcomes[i] = result
+    for i, result in zip(fetches, fetch_results):
+        outcomes[i] = result
+    return outcomes
+
+
+@dataclass
+class Observer:
+    """Builds the observation for one tool outcome: decodes and resizes pages into the band."""
+
+    builder: ObservationBuilder
+    band: PixelBand
+    decoder: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(max_workers=4))
+
+    def observe(self, action: Union[Search, Fetch], outcome: Outcome, budget: int, image_slots: int) -> ObservationResult:
+        if isinstance(outcome, RetrieverFailure):
+            return ObservationResult(self.builder.error(outcome.message, budget), retriever_error=True)
+        pages = outcome if isinstance(outcome, list) else [outcome]
+        text_pages = [p for p in pages if p.modality == "text"]
+        if text_pages:
+            page = text_pages[0]
+            return ObservationResult(self.builder.text(page.contents, page.page_id, budget))
+        decoded = list(self.decoder.map(self._decode, pages))
+        images = [(page_image, page.page_id) for page_image, page in zip(decoded, pages) if page_image is not None]
+        decode_errors = len(pages) - len(images)
+        if pages and not images:
+            what = "page image" if isinstance(action, Fetch) else "result page images"
+            observation = self.builder.error(f"the {what} could not be decoded.", budget)
+            return ObservationResult(observation, retriever_error=True, decode_errors=decode_errors)
+        observation = self.builder.pages(
+            [image for image, _ in images], [page_id for _, page_id in images], budget, image_slots
+        )
+        return ObservationResult(observation, decode_errors=decode_errors)
+
+    def _decode(self, page: RetrievedPage) -> Any:
+        try:
+            return fit_to_band(decode_base64_image(page.contents), self.band)
+        except ImageDecodeError:
+            return None

@@ -1,0 +1,273 @@
+"""Retrieved page images: decode base64, resize into a pixel band, and know the grid, cheaply.
+
+The rollout must know how many `<|image_pad|>` tokens a page becomes without running the image
+processor (that costs ~10x more). It resizes each page once to a size the processor leaves
+untouched (a fixed point of its resize), so the grid computed here is exactly the grid the
+trainer's actor will compute when it re-processes the same page.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+# The processor's own resize rule; the grids must agree with what the actor computes.
+from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+MAX_ASPECT_RATIO = 200  # Qwen2-VL's processor raises above this
+
+
+class ImageDecodeError(ValueError):
+    """Bytes that are not a decodable image (bad base64, empty, truncated, unknown format)."""
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"PixelBand.{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class PixelBand:
+    """Pixel-count band [min_pixels, max_pixels] for page images, plus the vision patch geometry."""
+
+    min_pixels: int
+    max_pixels: int
+    patch_size: int = 14
+    merge_size: int = 2
+    temporal_patch_size: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("min_pixels", "max_pixels", "patch_size", "merge_size", "temporal_patch_size"):
+            _positive_int(name, getattr(self, name))
+        if self.min_pixels > self.max_pixels:
+            raise ValueError(f"PixelBand: min_pixels {self.min_pixels} > max_pixels {self.max_pixels}")
+        if self.max_pixels < self.factor**2:
+            raise ValueError(
+                f"PixelBand: max_pixels {self.max_pixels} is below one merged patch "
+                f"({self.factor}x{self.factor} = {self.factor**2} pixels); no image fits"
+            )
+        if not _fixed_point_grids(self, max_count=1):
+            raise ValueError(
+                f"PixelBand: no image of {self.factor}-multiple sides with aspect ratio <= {MAX_ASPECT_RATIO} "
+                f"has between {self.min_pixels} and {self.max_pixels} pixels"
+            )
+
+    @property
+    def factor(self) -> int:
+        """Side of one merged patch in pixels: image sides are multiples of it."""
+        return self.patch_size * self.merge_size
+
+    @classmethod
+    def from_processor(cls, processor: Any, min_pixels: int | None = None, max_pixels: int | None = None) -> PixelBand:
+        """Band from a Qwen2-VL processor or image processor, optionally narrowed.
+
+        The band must lie inside the processor's own [min_pixels, max_pixels]: the actor
+        re-processes pages with that processor, and only sizes inside its band are left
+        unchanged by its resize (otherwise the grids, and the image token counts, disagree).
+        """
+        ip = getattr(processor, "image_processor", None) or processor
+        p_min, p_max = _processor_pixel_limits(ip)
+        lo = p_min if min_pixels is None else min_pixels
+        hi = p_max if max_pixels is None else max_pixels
+        if not (p_min <= lo and hi <= p_max):
+            raise ValueError(
+                f"pixel band [{lo}, {hi}] must lie inside the image processor's own band [{p_min}, {p_max}]: "
+                "the actor re-processes pages with that processor, and a page outside its band would be "
+                "resized again, giving a different grid than the rollout's image tokens"
+            )
+        return cls(
+            min_pixels=lo,
+            max_pixels=hi,
+            patch_size=int(ip.patch_size),
+            merge_size=int(ip.merge_size),
+            temporal_patch_size=int(ip.temporal_patch_size),
+        )
+
+
+def _field(obj: Any, key: str) -> Any:
+    if obj is None:
+        return None
+    if isinstance(obj, dict):
+        return obj.get(key)
+    return getattr(obj, key, None)
+
+
+def _processor_pixel_limits(ip: Any) -> tuple[int, int]:
+    """(min_pixels, max_pixels) of an image processor across transformers 4.x / 5.x spellings."""
+    size = getattr(ip, "size", None)
+    lo = _field(size, "shortest_edge") or _field(size, "min_pixels") or getattr(ip, "min_pixels", None)
+    hi = _field(size, "longest_edge") or _field(size, "max_pixels") or getattr(ip, "max_pixels", None)
+    if not lo or not hi:
+        raise ValueError(f"cannot read min/max pixels from {type(ip).__name__} (size={size!r})")
+    return int(lo), int(hi)
+
+
+# --------------------------------------------------------------------------- base64 decoding
+
+_B64_BYTES = re.compile(rb"[A-Za-z0-9+/]*")
+_DATA_URL = re.compile(rb"^data:[^,]*;base64,", re.IGNORECASE)
+
+
+def _b64_bytes(data: str | bytes) -> bytes:
+    """Decode standard or URL-safe base64, ignoring whitespace and missing padding."""
+    if isinstance(data, str):
+        buf = data.encode("utf-8")
+    elif isinstance(data, (bytes, bytearray, memoryview)):
+        buf = bytes(data)
+    else:
+        raise ImageDecodeError(f"image data must be str or bytes, got {type(data).__name__}")
+    if not buf.isascii():
+        raise ImageDecodeError("image data is not base64 text (non-ASCII characters)")
+    try:  # fast path: canonical standard base64 (what the retriever emits)
+        raw = base64.b64decode(buf, validate=True)
+        if raw:
+            return raw
+    except binascii.Error:
+        pass
+    text = _DATA_URL.sub(b"", b"".join(buf.split()))
+    # Python's b64decode silently drops '-' and '_'; map URL-safe to standard explicitly.
+    text = text.translate(bytes.maketrans(b"-_", b"+/")).rstrip(b"=")
+    if not text:
+        raise ImageDecodeError("image data is empty")
+    if not _B64_BYTES.fullmatch(text):
+        bad = sorted(set(re.sub(rb"[A-Za-z0-9+/]", b"", text).decode()))[:5]
+        raise ImageDecodeError(f"image data is not base64: unexpected characters {bad}")
+    if len(text) % 4 == 1:
+        raise ImageDecodeError(f"image data is not base64: impossible length {len(text)} (truncated?)")
+    try:
+        return base64.b64decode(text + b"=" * (-len(text) % 4), validate=True)
+    except binascii.Error as e:
+        raise ImageDecodeError(f"image data is not base64: {e}") from e
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    """RGB, with transparency composited onto white (a transparent page is a white page)."""
+    if image.mode == "RGB":
+        return image
+    if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
+        rgba = image.convert("RGBA")
+        canvas = Image.new("RGB", rgba.size, (255, 255, 255))
+        canvas.paste(rgba, mask=rgba.getchannel("A"))
+        return canvas
+    return image.convert("RGB")
+
+
+def decode_base64_image(data: str | bytes) -> Image.Image:
+    """Base64 (standard or URL-safe, padding optional) -> fully loaded RGB PIL image.
+
+    Raises ImageDecodeError for anything that is not a complete, decodable image; never None.
+    """
+    raw = _b64_bytes(data)
+    try:
+        with Image.open(io.BytesIO(raw)) as img:
+            img.load()  # decode every pixel now: truncated files fail here, not later
+            if img.width < 1 or img.height < 1:
+                raise ImageDecodeError(f"image has no pixels ({img.width}x{img.height})")
+            return _to_rgb(img).copy()
+    except ImageDecodeError:
+        raise
+    except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, DecompressionBombError...
+        raise ImageDecodeError(f"image data ({len(raw)} bytes) does not decode as an image: {e}") from e
+
+
+# --------------------------------------------------------------------------- resizing
+
+
+@dataclass(frozen=True)
+class PageImage:
+    """A page resized into the band, with the grid the processor will compute for it."""
+
+    image: Image.Image  # RGB, already resized: send exactly this to vLLM and the trainer
+    grid_thw: tuple[int, int, int]  # in patches (t, h/patch, w/patch)
+    merge_size: int = 2
+
+    @property
+    def num_tokens(self) -> int:
+        """Number of `<|image_pad|>` tokens the page occupies (t*h*w / merge^2)."""
+        t, h, w = self.grid_thw
+        return t * h * w // (self.merge_size * self.merge_size)
+
+
+def _is_fixed_point(height: int, width: int, band: PixelBand) -> bool:
+    """True if the processor's resize leaves (height, width) unchanged (and does not raise)."""
+    f = band.factor
+    return (
+        height >= f
+        and width >= f
+        and height % f == 0
+        and width % f == 0
+        and band.min_pixels <= height * width <= band.max_pixels
+        and max(height, width) <= MAX_ASPECT_RATIO * min(height, width)
+    )
+
+
+def _fixed_point_grids(band: PixelBand, aspect: float = 1.0, max_count: int | None = None) -> list[tuple[int, int]]:
+    """(short, long) side lengths in merged patches that the processor leaves unchanged, one per
+    short side: the long side closest to ``aspect`` within the band and the ratio limit."""
+    f2 = band.factor**2
+    lo_units, hi_units = math.ceil(band.min_pixels / f2), band.max_pixels // f2
+    found = []
+    for short in range(1, math.isqrt(hi_units) + 1):
+        lo = max(short, math.ceil(lo_units / short))
+        hi = min(MAX_ASPECT_RATIO * short, hi_units // short)
+        if lo <= hi:
+            found.append((short, min(max(round(short * aspect), lo), hi)))
+            if max_count is not None and len(found) >= max_count:
+                break
+    return found
+
+
+def _nearest_fixed_point(height: int, width: int, band: PixelBand) -> tuple[int, int]:
+    """Fixed-point size closest in aspect ratio (then largest) for pages the processor's own
+    choice cannot handle, e.g. a 162x27036 strip becomes 28x5768, whose ratio exceeds 200."""
+    aspect = max(height, width) / min(height, width)
+    # Non-empty: PixelBand's validation guarantees at least one fixed point.
+    short, long_ = min(
+        _fixed_point_grids(band, aspect), key=lambda sl: (abs(math.log(sl[1] / sl[0] / aspect)), -sl[0] * sl[1])
+    )
+    short, long_ = short * band.factor, long_ * band.factor
+    return (long_, short) if height >= width else (short, long_)
+
+
+def band_size(height: int, width: int, band: PixelBand) -> tuple[int, int]:
+    """(height, width) a page of this size is resized to: the processor's own choice when that
+    is a fixed point of its resize (virtually always), else the nearest size that is."""
+    if height < 1 or width < 1:
+        raise ValueError(f"image size must be positive, got {height}x{width}")
+    if max(height, width) <= MAX_ASPECT_RATIO * min(height, width):
+        h, w = smart_resize(height, width, factor=band.factor, min_pixels=band.min_pixels, max_pixels=band.max_pixels)
+        if _is_fixed_point(h, w, band):
+            return h, w
+    return _nearest_fixed_point(height, width, band)
+
+
+def _resize_like_processor(image: Image.Image, height: int, width: int) -> Image.Image:
+    """Bicubic resize with antialiasing on uint8, the kernel the Qwen2-VL processor's own
+    (torchvision) resize uses: the model sees exactly the pixels it would have seen had the
+    processor resized the original page. Also faster than PIL's bicubic here."""
+    x = torch.from_numpy(np.array(image)).permute(2, 0, 1).unsqueeze(0)
+    y = torch.nn.functional.interpolate(x, size=(height, width), mode="bicubic", antialias=True, align_corners=False)
+    return Image.fromarray(y[0].permute(1, 2, 0).contiguous().numpy())
+
+
+def fit_to_band(image: Image.Image, band: PixelBand) -> PageImage:
+    """Resize a page into the band (bicubic, once) and compute its grid without the processor.
+
+    A still image is one temporal patch (the processor repeats it temporal_patch_size times),
+    so grid = (1, H/patch, W/patch).
+    """
+    image = _to_rgb(image)
+    height, width = band_size(image.height, image.width, band)
+    if (width, height) != image.size:
+        image = _resize_like_processor(image, height, width)
+    grid = (1, height // band.patch_size, width // band.patch_size)
+    return PageImage(image=image, grid_thw=grid, merge_size=band.merge_size)
