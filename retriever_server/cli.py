@@ -66,14 +66,15 @@ def _cmd_sample_corpus(args) -> int:
 
 
 def _cmd_record_fixtures(args) -> int:
-    # Recording belongs to the rollout package (vrag_rollout.fixtures.record_fixtures); this
-    # subcommand only forwards to it so the retriever CLI is the one place to drive a server.
+    # Recording belongs to the rollout package (it knows which calls the demo makes); this
+    # subcommand forwards to it so both CLIs can drive it.
     try:
-        from vrag_rollout.fixtures import record_fixtures
+        from vrag_rollout.demo import record_demo_fixtures
     except ImportError as exc:
-        print(f"record-fixtures is not available: {exc}", file=sys.stderr)
+        print(f"record-fixtures needs the vrag_rollout package: {exc}", file=sys.stderr)
         return 2
-    record_fixtures(base_url=args.url, out_dir=Path(args.out))
+    record_demo_fixtures(Path(args.out), args.url)
+    print(f"wrote {args.out}")
     return 0
 
 
@@ -111,10 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out_dir", metavar="OUT_DIR")
     p.set_defaults(func=_cmd_sample_corpus)
 
-    p = sub.add_parser("record-fixtures", help="record retriever fixtures from a live server "
-                                               "(provided by vrag_rollout.fixtures)")
-    p.add_argument("--url", required=True, help="base URL of a running retriever")
-    p.add_argument("--out", required=True, help="fixture directory")
+    p = sub.add_parser("record-fixtures", help="record the demo's retriever traffic from a live "
+                                               "server, for replay (vrag_rollout.demo)")
+    p.add_argument("--out", required=True, help="fixture file to write")
+    p.add_argument("--url", default=None,
+                   help="base URL of a running retriever (default: the sample corpus, served here)")
     p.set_defaults(func=_cmd_record_fixtures)
     return parser
 

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .backends import bm25
 from .imaging import DEFAULT_DPI, DEFAULT_JPEG_QUALITY, DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
 from .ingest import DocSource, OcrPolicy, count_pages, discover, iter_pages
 from .manifest import MANIFEST_NAME, DocEntry, Manifest, PageEntry, image_name, write_manifest
@@ -137,6 +136,9 @@ def _build_into(tmp: Path, docs, settings: dict, progress: bool,
         finally:
             if pool is not None:
                 pool.shutdown(cancel_futures=True)
+    # Imported here: bm25s pulls in numba, which ingest worker processes do not need.
+    from .backends import bm25
+
     backend = bm25.build([p.text for p in pages], tmp)
     recorded = {k: v for k, v in settings.items() if k != "quality"}
     manifest = Manifest(docs=doc_entries, pages=pages, backend=backend,

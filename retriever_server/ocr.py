@@ -6,6 +6,7 @@ page, text on stdout.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import subprocess
 import tempfile
@@ -22,7 +23,9 @@ def tesseract_path() -> str | None:
 
 
 def needs_ocr(text: str) -> bool:
-    return sum(not c.isspace() for c in text) < MIN_TEXT_CHARS
+    # Stop counting at the threshold: full pages have thousands of characters.
+    visible = (c for c in text if not c.isspace())
+    return sum(1 for _ in itertools.islice(visible, MIN_TEXT_CHARS)) < MIN_TEXT_CHARS
 
 
 def ocr_image(image: Image.Image, *, lang: str = "eng", timeout_s: float = 120.0) -> str:

@@ -28,6 +28,12 @@ class SearchRequest(BaseModel):
     return_score: bool = False
 
 
+class FetchRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    query: str = Field(description='"image, <page>", "text, <page>" or "<page>-th"; 1-based')
+    id: str
+
+
 class Item(BaseModel):
     """A hit, a fetched page, or ``{"id": "error", "contents": reason}``."""
 

@@ -13,6 +13,10 @@ from pathlib import Path
 from .manifest import DocEntry, Manifest, PageEntry, read_manifest
 
 
+class IndexReplacedError(OSError):
+    """The index directory was rebuilt and swapped after this store opened it."""
+
+
 @dataclass(frozen=True)
 class PageImage:
     jpeg: bytes
@@ -25,6 +29,9 @@ class PageStore:
     def __init__(self, root: Path, manifest: Manifest):
         self.root = Path(root).resolve()
         self.manifest = manifest
+        # Re-indexing swaps a new directory in under the same name; remember which one we opened
+        # so a long-running server never serves the new index's images under the old manifest.
+        self._root_inode = self.root.stat().st_ino
         self._docs: dict[str, DocEntry] = {d.doc_id: d for d in manifest.docs}
         self._page_counts = {d.doc_id: d.num_pages for d in manifest.docs}
 
@@ -56,4 +63,11 @@ class PageStore:
 
     def page_image(self, doc_id: str, page: int) -> PageImage:
         entry = self.entry(doc_id, page)
-        return PageImage((self.root / entry.image).read_bytes(), entry.width, entry.height)
+        try:
+            data = (self.root / entry.image).read_bytes()
+        except FileNotFoundError:
+            data = b""
+        if len(data) != entry.bytes or self.root.stat().st_ino != self._root_inode:
+            raise IndexReplacedError(f"the index at {self.root.name} was rebuilt since the server "
+                                     f"started; restart the retriever")
+        return PageImage(data, entry.width, entry.height)

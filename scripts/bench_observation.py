@@ -90,6 +90,22 @@ def cpu_ms(fn, *args):
     return (time.process_time() - t0) * 1000.0, out
 
 
+def run_scenario(pages: list[str], processor):
+    """Median CPU ms per page (project, reference, decode alone), interleaved page by page."""
+    project_path(pages[0]), reference_path(pages[0], processor)  # warm-up (imports, caches)
+    ours, ref, dec = [], [], []
+    for b64 in pages:
+        t_ours, (grid_a, ids_a) = cpu_ms(project_path, b64)
+        t_ref, (grid_b, ids_b) = cpu_ms(reference_path, b64, processor)
+        if grid_a != grid_b or ids_a != ids_b:
+            raise SystemExit(f"MISMATCH: project grid {grid_a} vs processor grid {grid_b}")
+        ours.append(t_ours)
+        ref.append(t_ref)
+        dec.append(cpu_ms(decode_base64_image, b64)[0])  # the floor both paths share
+    med = statistics.median
+    return med(ours), med(ref), med(dec), grid_a, len(ids_a) - 2
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pages", type=int, default=30)
@@ -101,30 +117,28 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)  # process_time counts every thread; one thread keeps it honest
     processor = Qwen2VLImageProcessor(size={"shortest_edge": BAND.min_pixels, "longest_edge": BAND.max_pixels})
-    pages = [encode_page(render_page(i, (args.width, args.height))) for i in range(args.pages)]
-    kib = statistics.median(len(p) * 3 / 4 / 1024 for p in pages)
-
-    project_path(pages[0]), reference_path(pages[0], processor)  # warm-up (imports, caches)
-    ours, ref = [], []
-    for b64 in pages:
-        t_ours, (grid_a, ids_a) = cpu_ms(project_path, b64)
-        t_ref, (grid_b, ids_b) = cpu_ms(reference_path, b64, processor)
-        if grid_a != grid_b or ids_a != ids_b:
-            print(f"MISMATCH: project grid {grid_a} vs processor grid {grid_b}")
-            return 2
-        ours.append(t_ours)
-        ref.append(t_ref)
-
-    m_ours, m_ref = statistics.median(ours), statistics.median(ref)
-    ratio = m_ref / m_ours
-    print(f"pages: {args.pages} synthetic {args.width}x{args.height} JPEG q85 (median {kib:.0f} KiB), band 256..512*28*28")
-    print(f"grid {grid_a} -> {len(ids_a) - 2} image tokens per page (both paths agree on every page)")
-    print("timer: time.process_time() (CPU time), torch threads = 1")
-    print(f"project   (decode + fit_to_band + ids):          median {m_ours:7.2f} ms/page")
-    print(f"reference (decode + image processor x2 + ids):   median {m_ref:7.2f} ms/page")
-    print(f"speed-up: {ratio:.1f}x (target >= {TARGET:g}x)")
-    print("PASS" if ratio >= TARGET else "FAIL")
-    return 0 if ratio >= TARGET else 1
+    rendered = [render_page(i, (args.width, args.height)) for i in range(args.pages)]
+    scenarios = [
+        (f"{args.width}x{args.height} page (~1 Mpx) as retrieved", [encode_page(img) for img in rendered]),
+        # Our retriever already fits pages into a band server-side: then fit_to_band resizes nothing.
+        ("page pre-sized into the band by the retriever", [encode_page(fit_to_band(img, BAND).image) for img in rendered]),
+    ]
+    print(f"{args.pages} synthetic pages, JPEG q85, band 256..512*28*28; both paths agree on every grid")
+    print("timer: time.process_time() (CPU time of the process), torch threads = 1")
+    verdicts = []
+    for name, pages in scenarios:
+        m_ours, m_ref, m_dec, grid, n_tokens = run_scenario(pages, processor)
+        ratio = m_ref / m_ours
+        kib = statistics.median(len(p) * 3 / 4 / 1024 for p in pages)
+        verdicts.append(ratio >= TARGET)
+        print(f"\n[{name}] median {kib:.0f} KiB, grid {grid} -> {n_tokens} image tokens")
+        print(f"  project   (decode + fit_to_band + ids):        median {m_ours:7.2f} ms/page")
+        print(f"  reference (decode + image processor x2 + ids): median {m_ref:7.2f} ms/page")
+        print(f"  (decode_base64_image alone: {m_dec:.2f} ms/page; both paths pay it)")
+        print(f"  speed-up: {ratio:.1f}x (target >= {TARGET:g}x) {'PASS' if ratio >= TARGET else 'FAIL'}")
+    # The brief's target is on the ~1 Mpx page as retrieved (the first scenario).
+    print("\nPASS" if verdicts[0] else "\nFAIL")
+    return 0 if verdicts[0] else 1
 
 
 if __name__ == "__main__":

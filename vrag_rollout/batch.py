@@ -120,11 +120,17 @@ def collect_metrics(episodes: Sequence[Episode], client_stats: dict, elapsed: fl
     return metrics
 
 
-def episode_columns(episodes: Sequence[Episode], spec: BatchSpec) -> dict[str, np.ndarray]:
-    """Per-sample non-tensor columns: images in sequence order, page ids, counters."""
+def episode_columns(
+    episodes: Sequence[Episode], prompt_entries: Sequence[list], spec: BatchSpec
+) -> dict[str, np.ndarray]:
+    """Per-sample non-tensor columns: images in sequence order (the prompt's own entries as the
+    trainer gave them, then the retrieved pages), page ids, counters."""
     return {
         "multi_modal_data": object_array(
-            [{spec.image_key: list(ep.prompt_images) + [page.image for page in ep.images]} for ep in episodes]
+            [
+                {spec.image_key: list(entries) + [page.image for page in ep.images]}
+                for ep, entries in zip(episodes, prompt_entries)
+            ]
         ),
         "page_ids": object_array([[list(turn) for turn in ep.page_ids] for ep in episodes]),
         "termination_reason": object_array([ep.termination for ep in episodes]),

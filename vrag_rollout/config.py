@@ -37,6 +37,7 @@ class AgentRolloutConfig:
     tensor_parallel_size: int = 1
     max_model_len: Optional[int] = None
     max_num_batched_tokens: int = 8192
+    disable_log_stats: bool = True
     disable_tqdm: bool = True
     val_override_config: dict = field(default_factory=dict)
     prompt_length: int = -1

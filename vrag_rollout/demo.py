@@ -105,7 +105,7 @@ def demo_config(**overrides: Any) -> AgentRolloutConfig:
         n=2,
         temperature=1.0,
         seed=0,
-        dtype="bf16",
+        dtype="fp32",  # far faster than bf16 on CPUs without bf16 matrix units
         load_format="auto",
         enforce_eager=True,
         prompt_length=384,

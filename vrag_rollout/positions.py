@@ -54,6 +54,10 @@ def rope_positions(
     positions count up from ``start`` on all three rows; an image's patches sit at the next
     text position plus their (t, h, w) offsets, and text after it resumes at the maximum over
     all three rows + 1, as in Qwen2-VL's ``get_rope_index``.
+
+    (For still images t == 1 and this equals transformers 5's rule, previous position +
+    max(h, w) / merge; the two differ only for video-like grids with t > max(h, w) / merge,
+    where this follows the original Qwen2-VL / EasyR1 code.)
     """
     if merge_size < 1:
         raise ValueError(f"merge_size must be >= 1, got {merge_size}")

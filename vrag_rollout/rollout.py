@@ -7,14 +7,13 @@ sample, then one batched retriever call per tool kind.
 
 from __future__ import annotations
 
-import io
+import dataclasses
 import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
-from PIL import Image
 from tensordict import TensorDict
 
 from .actions import TOOL_STOPS, Answer, Fetch, Invalid, Search, Stop, parse_action
@@ -23,6 +22,7 @@ from .config import AgentRolloutConfig
 from .engine import VLLMEngine, build_llm
 from .episode import Episode
 from .observation import ObservationBuilder, VisionTokens
+from .prompt_images import engine_images, image_key, prompt_entries
 from .protocol import object_array
 from .sampling import SamplingPlan, overrides_from_meta, request_seed
 
@@ -72,8 +72,9 @@ class vLLMRollout(BaseRollout):
     def generate_sequences(self, prompts: Any) -> Any:
         started = time.perf_counter()
         with self.update_sampling_params(**overrides_from_meta(prompts.meta_info)):
-            episodes = self._episodes(prompts)
-            self._before_rollout()
+            n = self.sampling.n  # an override of n holds for this call only
+            episodes = self._episodes(prompts, n)
+            self._before_rollout(prompts.meta_info)
             for turn in range(self.max_turns):
                 active = [ep for ep in episodes if not ep.done]
                 if not active:
@@ -82,7 +83,7 @@ class vLLMRollout(BaseRollout):
             for episode in episodes:
                 episode.finish("max_turns")  # no-op for episodes that already ended
         self._step += 1
-        return self._assemble(prompts, episodes, time.perf_counter() - started)
+        return self._assemble(prompts, episodes, n, time.perf_counter() - started)
 
     # ---- one turn ----
     def _turn(self, active: list[Episode], turn: int) -> None:
@@ -126,7 +127,7 @@ class vLLMRollout(BaseRollout):
         if observation is None or not episode.append_observation(observation):
             episode.finish("budget")
 
-    def _before_rollout(self) -> None:
+    def _before_rollout(self, meta: dict) -> None:
         pass
 
     def _run_tools(self, calls: list) -> None:
@@ -141,22 +142,22 @@ class vLLMRollout(BaseRollout):
         return self._observations
 
     # ---- input and output ----
-    def _episodes(self, prompts: Any) -> list[Episode]:
+    def _episodes(self, prompts: Any, n: int) -> list[Episode]:
         input_ids = prompts.batch["input_ids"]
         attention = prompts.batch["attention_mask"]
         raw_ids = prompts.non_tensor_batch.get("raw_prompt_ids")
-        images = _prompt_images(prompts.non_tensor_batch.get("multi_modal_data"), len(input_ids))
+        entries = prompt_entries(prompts.non_tensor_batch.get("multi_modal_data"), len(input_ids))
         doc_ids = self._doc_ids(prompts)
-        n = self.sampling.n
         episodes = []
         for row in range(len(input_ids)):
             engine_ids = list(raw_ids[row]) if raw_ids is not None else self._collapse(input_ids[row], attention[row])
+            images = engine_images(entries[row], prompts.meta_info)
             for copy in range(n):
                 episodes.append(
                     Episode(
                         index=row * n + copy,
                         prompt_engine_ids=engine_ids,
-                        prompt_images=images[row],
+                        prompt_images=images,
                         doc_id=doc_ids[row],
                         response_length=self.config.response_length,
                         max_images=self.max_images,
@@ -180,8 +181,7 @@ class vLLMRollout(BaseRollout):
     def _client_stats(self) -> dict:
         return {}
 
-    def _assemble(self, prompts: Any, episodes: list[Episode], elapsed: float) -> Any:
-        n = self.sampling.n
+    def _assemble(self, prompts: Any, episodes: list[Episode], n: int, elapsed: float) -> Any:
         meta = prompts.meta_info
         spec = BatchSpec(
             response_length=self.config.response_length,
@@ -189,7 +189,7 @@ class vLLMRollout(BaseRollout):
             image_pad_id=self.vision_tokens.image_pad,
             merge_size=self.merge_size,
             position_layout=self.config.position_ids_layout,
-            image_key=_image_key(prompts.non_tensor_batch.get("multi_modal_data")),
+            image_key=image_key(prompts.non_tensor_batch.get("multi_modal_data")),
             with_logprobs=self.config.calculate_log_probs,
         )
         prompt_ids = prompts.batch["input_ids"].repeat_interleave(n, dim=0)
@@ -204,7 +204,8 @@ class vLLMRollout(BaseRollout):
             attention_mask=torch.cat([prompt_mask, tensors["response_mask"]], dim=-1),
             position_ids=response_position_ids(prompt_positions, prompt_mask, episodes, spec),
         )
-        non_tensors = episode_columns(episodes, spec)
+        entries = prompt_entries(prompts.non_tensor_batch.get("multi_modal_data"), len(prompt_ids) // n)
+        non_tensors = episode_columns(episodes, [entries[ep.index // n] for ep in episodes], spec)
         for key in self._passthrough_columns(prompts):
             non_tensors[key] = object_array([prompts.non_tensor_batch[key][ep.index // n] for ep in episodes])
         meta_out = dict(meta)
@@ -273,10 +274,13 @@ class vLLMRolloutAgent(vLLMRollout):
     def _passthrough_columns(self, prompts: Any) -> list[str]:
         return [self.config.doc_id_key]
 
-    def _before_rollout(self) -> None:
+    def _before_rollout(self, meta: dict) -> None:
         stats = getattr(self.retriever, "stats", None)
         if stats is not None:
             stats.reset()
+        # The actor rescales every image into the trainer's data pixel band before its processor
+        # runs: pages must already lie inside it or their grids would change under the actor.
+        self.observer.band = narrowed_band(self.band, meta.get("min_pixels"), meta.get("max_pixels"))
 
     def _client_stats(self) -> dict:
         stats = getattr(self.retriever, "stats", None)
@@ -298,6 +302,18 @@ class vLLMRolloutAgent(vLLMRollout):
             self._observe(episode, result.observation)
 
 
+def narrowed_band(band: Any, min_pixels: Optional[int], max_pixels: Optional[int]) -> Any:
+    """`band` intersected with the trainer's [min_pixels, max_pixels]; ValueError if disjoint."""
+    low = max(band.min_pixels, int(min_pixels or 0))
+    high = min(band.max_pixels, int(max_pixels)) if max_pixels else band.max_pixels
+    if low > high or high < band.factor**2:
+        raise ValueError(
+            f"the page pixel band [{band.min_pixels}, {band.max_pixels}] does not overlap the trainer's "
+            f"image band [{min_pixels}, {max_pixels}]: set page_min_pixels/page_max_pixels inside it"
+        )
+    return dataclasses.replace(band, min_pixels=low, max_pixels=high)
+
+
 def _merge_size(processor: Any) -> int:
     image_processor = getattr(processor, "image_processor", processor)
     return int(getattr(image_processor, "merge_size", 2) or 2)
@@ -308,36 +324,3 @@ def _pad_token_id(meta: dict, tokenizer: Any) -> int:
     if pad is None:
         pad = tokenizer.eos_token_id
     return int(pad)
-
-
-def _image_key(column: Any) -> str:
-    """Follow the trainer's key: "images" (current EasyR1) or "image" (v0.3)."""
-    if column is not None:
-        for item in column:
-            if isinstance(item, dict) and item:
-                return "image" if "image" in item and "images" not in item else "images"
-    return "images"
-
-
-def _prompt_images(column: Any, size: int) -> list[list[Any]]:
-    if column is None:
-        return [[] for _ in range(size)]
-    out = []
-    for item in column:
-        images = []
-        if isinstance(item, dict):
-            images = item.get("images", item.get("image")) or []
-        out.append([_as_pil(image) for image in images])
-    return out
-
-
-def _as_pil(image: Any) -> Image.Image:
-    if isinstance(image, Image.Image):
-        return image
-    if isinstance(image, dict) and image.get("bytes") is not None:
-        image = image["bytes"]
-    if isinstance(image, (bytes, bytearray)):
-        return Image.open(io.BytesIO(image)).convert("RGB")
-    if isinstance(image, str):
-        return Image.open(image).convert("RGB")
-    raise TypeError(f"cannot read a prompt image of type {type(image).__name__}")

@@ -59,5 +59,5 @@ class Backend(ABC):
     def page_text(self, doc_id: str, page: int) -> str:
         """Text of a 1-based page (PDF text layer or OCR); KeyError/IndexError when absent."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, deliberately not abstract
         """Release resources (a client connection, mmaps). Optional."""

@@ -82,7 +82,7 @@ class Bm25Backend(Backend):
         if len(queries) != len(doc_ids):
             raise ValueError("queries and doc_ids differ in length")
         results = []
-        for query, doc_id in zip(queries, doc_ids):
+        for query, doc_id in zip(queries, doc_ids, strict=True):
             start, stop = self.store.doc_rows(doc_id)
             ranked = rank_rows(self._scores(query), start, stop, top_n)
             results.append([Hit(doc_id, row - start + 1, score) for row, score in ranked])

@@ -173,3 +173,16 @@ def test_urlsafe_decoding_clients_get_the_same_bytes(client):
                                              "top_n": 1}).json()[0][0]
     assert "-" not in hit["contents"] and "_" not in hit["contents"]
     assert base64.urlsafe_b64decode(hit["contents"]) == base64.b64decode(hit["contents"])
+
+
+def test_single_fetch_endpoint(client):
+    items = client.post("/fetch", json={"query": "text, 1", "id": "product_guide"}).json()
+    assert items[0]["id"] == "text, 1" and "HX-300" in items[0]["contents"]
+    items = client.post("/fetch", json={"query": "image, 9", "id": "product_guide"}).json()
+    assert items[0]["id"] == "error" and "pages 1..4" in items[0]["contents"]
+
+
+def test_json_body_without_content_type_header_is_accepted(client):
+    r = client.post("/batch_search", content=b'{"query": ["E42"], "id": ["product_guide"], "top_n": 1}',
+                    headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 200 and r.json()[0][0]["id"] == "product_guide_4"

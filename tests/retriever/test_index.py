@@ -96,3 +96,43 @@ def test_worker_processes_give_the_same_index(sample_pdfs, sample_index, tmp_pat
     assert read_manifest(parallel).pages == read_manifest(sample_index).pages
     for entry in read_manifest(parallel).pages[:3]:
         assert (parallel / entry.image).read_bytes() == (sample_index / entry.image).read_bytes()
+
+
+def test_restarted_server_answers_byte_for_byte_the_same(sample_index):
+    from fastapi.testclient import TestClient
+
+    from retriever_server.app import create_app
+
+    queries = list(SAMPLE_FACTS)
+    body = {"query": queries, "id": [SAMPLE_FACTS[q][0] for q in queries], "top_n": 3,
+            "return_score": True}
+    fetch = {"query": ["image, 2", "text, 3"], "id": ["safety_manual", "annual_report"]}
+    answers = []
+    for _ in range(2):  # two independent app instances over the same directory
+        c = TestClient(create_app(sample_index))
+        answers.append((c.post("/batch_search", json=body).content,
+                        c.post("/batch_fetch", json=fetch).content))
+    assert answers[0] == answers[1]
+    assert len(answers[0][0]) > 100_000  # real images, not an empty answer
+
+
+def test_server_never_serves_pages_of_a_swapped_in_index(sample_pdfs, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from retriever_server.app import create_app
+
+    out = tmp_path / "idx"
+    indexer.build_index(sample_pdfs, out, progress=False)
+    client = TestClient(create_app(out))  # images load lazily, on first use
+    body = {"query": ["padlock", "Lisbon"], "id": ["safety_manual", "annual_report"], "top_n": 1}
+    first = client.post("/batch_search", json={**body, "query": ["padlock"], "id": ["safety_manual"]})
+    assert first.json()[0][0]["id"] == "safety_manual_2"
+    # Re-index with other settings: same names, different images.
+    indexer.build_index(sample_pdfs, out, progress=False, jpeg_quality=40)
+    r = client.post("/batch_search", json=body)
+    assert r.status_code == 200
+    cached, uncached = r.json()
+    assert cached[0]["id"] == "safety_manual_2"  # already in memory: still the old, consistent page
+    assert uncached[0]["id"] == "error" and "restart the retriever" in uncached[0]["contents"]
+    fetched = client.post("/batch_fetch", json={"query": ["image, 4"], "id": ["product_guide"]}).json()
+    assert fetched[0]["id"] == "error"

@@ -640,3 +640,62 @@ def test_hook_patches_inside_ray_worker_processes(easyr1):
         assert ray.get(probe.check.remote(), timeout=120) == ("RolloutDispatcher", True, "x")
     finally:
         ray.shutdown()
+
+
+# ------------------------------------------------------------------------------------------
+# Against the real EasyR1, where it is installed (skipped otherwise)
+# ------------------------------------------------------------------------------------------
+@pytest.fixture
+def real_easyr1(tmp_path, monkeypatch):
+    if glue.easyr1_location() is None:
+        pytest.skip("EasyR1 is not installed")
+    monkeypatch.delenv(glue.GENERATION_KEYS_ENV, raising=False)
+    scorer = tmp_path / "score.py"
+    scorer.write_text(textwrap.dedent('''
+        REWARD_TYPE = "batch"
+        def compute_score(inputs):
+            return [{"overall": float(x["response_length"])} for x in inputs]
+    '''))
+    return scorer
+
+
+def test_real_easyr1_config_patches_union_and_reward(real_easyr1):
+    config = glue.load_ppo_config([f"config={EXAMPLE}", f"worker.reward.reward_function={real_easyr1}:compute_score"])
+    assert type(config.worker.rollout).__name__ == glue.CONFIG_CLASS_NAME
+    assert config.worker.rollout.response_length == config.data.max_response_length
+    assert pickle.loads(pickle.dumps(config)).worker.rollout == config.worker.rollout
+    glue.install_agent_rollout()
+
+    from verl.protocol import DataProto
+    from verl.workers.reward.function import AutoRewardManager
+
+    batch = DataProto.from_single_dict({
+        "input_ids": torch.zeros(2, 3, dtype=torch.long),
+        "raw_prompt_ids": np.array([[1], [2]], dtype=object),
+        "doc_id": np.array(["A", "B"], dtype=object),
+    })
+    gen = batch.pop(batch_keys=["input_ids"], non_tensor_batch_keys=["raw_prompt_ids", "multi_modal_data"])
+    assert list(gen.non_tensor_batch["doc_id"]) == ["A", "B"]
+    same = DataProto.from_dict(tensors={"responses": torch.zeros(4, 5)},
+                               non_tensors={"doc_id": np.repeat(gen.non_tensor_batch["doc_id"], 2)})
+    assert list(batch.repeat(2, interleave=True).union(same).non_tensor_batch["doc_id"]) == ["A", "A", "B", "B"]
+    other = DataProto.from_dict(tensors={"responses": torch.zeros(4, 5)},
+                                non_tensors={"doc_id": np.array(["A", "B", "A", "B"], dtype=object)})
+    with pytest.raises((ValueError, AssertionError)):
+        batch.repeat(2, interleave=True).union(other)
+
+    from verl.workers.reward.config import RewardConfig
+
+    class Tokenizer:
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(str(int(i)) for i in ids)
+
+    reward_config = RewardConfig(reward_function=f"{real_easyr1}:compute_score")
+    reward_config.post_init()
+    valid, loss = torch.tensor([[1, 1, 1, 1, 0]]), torch.tensor([[1, 0, 0, 1, 0]])
+    data = DataProto.from_dict(tensors={
+        "responses": torch.tensor([[10, 11, 12, 13, 0]]), "response_mask": loss,
+        "attention_mask": torch.cat([torch.ones(1, 2, dtype=torch.long), valid], -1)},
+        non_tensors={"ground_truth": np.array(["g"], dtype=object)})
+    scores, metrics = AutoRewardManager(reward_config, Tokenizer()).compute_reward(data)
+    assert metrics["overall"] == [4.0] and scores[0, 3] == 4.0

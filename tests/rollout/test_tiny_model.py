@@ -13,6 +13,7 @@ from PIL import Image
 
 from vrag_rollout import tiny_model
 from vrag_rollout.tiny_model import SPECIAL_TOKENS, build_tiny_qwen2vl, default_model_dir
+from vrag_rollout.vision import PixelBand, fit_to_band
 
 
 def _digests(d: Path) -> dict[str, str]:
@@ -111,7 +112,8 @@ def test_transformers_model_forward_with_image(tiny_model_dir, hf):
 PROTOCOL = r"<think>[a-z ]{3,20}</think>(<search>[a-z ]{3,20}</search>|<fetch>(image|text), [1-9]</fetch>|<answer>[a-z ]{1,10}</answer>)"
 
 
-def test_vllm_generates_protocol_actions_with_an_image(tiny_llm):
+def test_vllm_generates_protocol_actions_with_an_image(tiny_llm, tiny_model_dir):
+    from transformers import AutoProcessor
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
@@ -127,15 +129,22 @@ def test_vllm_generates_protocol_actions_with_an_image(tiny_llm):
             max_tokens=80, temperature=1.0, seed=i, logit_bias=ban, stop=["</search>", "</fetch>"],
             include_stop_str_in_output=True, structured_outputs=StructuredOutputsParams(regex=PROTOCOL),
         )
-        for i in range(12)
+        for i in range(16)  # distinct seeds: identical seeds would give identical samples
     ]
-    req = {"prompt_token_ids": prompt, "multi_modal_data": {"image": [Image.new("RGB", (200, 260), "white")]}}
+    # A page fitted into the band by vision.fit_to_band: vLLM's own processor must expand the
+    # single pad into exactly page.num_tokens pads (the page is a fixed point of its resize).
+    band = PixelBand.from_processor(AutoProcessor.from_pretrained(tiny_model_dir))
+    page = fit_to_band(Image.new("RGB", (211, 277), "white"), band)
+    req = {"prompt_token_ids": prompt, "multi_modal_data": {"image": [page.image]}}
     outs = tiny_llm.generate([req] * len(sps), sps, use_tqdm=False)
     seen = set()
     eos = {ids["<|im_end|>"], ids["<|endoftext|>"]}
     for o in outs:
         c = o.outputs[0]
         assert re.fullmatch(PROTOCOL, c.text), c.text
+        # RequestOutput.prompt_token_ids is the expanded prompt: one pad became num_tokens pads.
+        assert list(o.prompt_token_ids).count(ids["<|image_pad|>"]) == page.num_tokens
+        assert len(o.prompt_token_ids) == len(prompt) - 1 + page.num_tokens
         assert c.finish_reason == "stop"
         action = re.search(r"<(search|fetch|answer)>", c.text).group(1)
         seen.add(action)

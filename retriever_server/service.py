@@ -1,0 +1,138 @@
+"""The retriever's request handling, without HTTP: validate, search or fetch, assemble JSON bytes.
+
+``RequestError`` marks a request-level problem (the app answers 422); item-level problems become
+``{"id": "error", "contents": reason}`` items inside an otherwise normal answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from . import wire
+from .backends.base import Backend, Hit
+from .cache import FragmentCache
+from .limits import Limits, doc_problem, fetch_spec_problem, page_problem, parse_fetch_spec, query_problem
+from .store import IndexReplacedError
+
+
+def _unreadable(exc: Exception) -> str:
+    if isinstance(exc, IndexReplacedError):
+        return str(exc)
+    return f"page could not be read: {type(exc).__name__}"
+
+
+class RequestError(ValueError):
+    """The request as a whole cannot be answered; the message says why."""
+
+
+class RetrieverService:
+    def __init__(self, backend: Backend, cache: FragmentCache, limits: Limits):
+        self.backend, self.cache, self.limits = backend, cache, limits
+        self.documents: Mapping[str, int] = backend.documents()
+
+    # -- request-level checks --------------------------------------------------------------
+    def doc_ids_for(self, ids: list[str] | str, n: int) -> list[str]:
+        if n > self.limits.max_batch:
+            raise RequestError(f"batch of {n} items is over the limit of {self.limits.max_batch}; "
+                               f"split it")
+        if isinstance(ids, str):
+            return [ids] * n
+        if len(ids) != n:
+            raise RequestError(f"'query' has {n} items but 'id' has {len(ids)}; give one doc id "
+                               f"per query (or a single string for all)")
+        return ids
+
+    def check_top_n(self, top_n: int) -> None:
+        if not 1 <= top_n <= self.limits.max_top_n:
+            raise RequestError(f"top_n must be between 1 and {self.limits.max_top_n}, got {top_n}")
+
+    # -- search ----------------------------------------------------------------------------
+    def search_items(self, queries: list[str], doc_ids: list[str],
+                     top_n: int) -> list[list[Hit] | str]:
+        """Hits per item, or the reason string for an item that cannot be searched."""
+        out: list[list[Hit] | str] = [""] * len(queries)
+        todo = []
+        for i, (query, doc_id) in enumerate(zip(queries, doc_ids, strict=True)):
+            problem = doc_problem(doc_id, self.documents) or query_problem(query, self.limits)
+            if problem:
+                out[i] = problem
+            else:
+                todo.append(i)
+        if todo:
+            try:
+                found = self.backend.search([queries[i] for i in todo],
+                                            [doc_ids[i] for i in todo], top_n)
+            except Exception:
+                found = [self._search_one(queries[i], doc_ids[i], top_n) for i in todo]
+            for i, hits in zip(todo, found, strict=True):
+                out[i] = hits
+        return out
+
+    def _search_one(self, query: str, doc_id: str, top_n: int) -> list[Hit] | str:
+        # After a failed batch, retry item by item so one bad item cannot sink the others.
+        try:
+            return self.backend.search([query], [doc_id], top_n)[0]
+        except Exception as exc:  # noqa: BLE001 - reported to the caller as an item error
+            return f"search failed: {type(exc).__name__}"
+
+    def _hits_parts(self, hits: list[Hit] | str, with_score: bool, parts: list[bytes]) -> None:
+        if not isinstance(hits, str):
+            try:
+                fragments = [self.cache.get(hit.doc_id, hit.page) for hit in hits]
+            except (KeyError, IndexError, OSError) as exc:
+                hits = _unreadable(exc)
+        if isinstance(hits, str):
+            parts += [b"[", wire.error_item(hits), b"]"]
+            return
+        parts.append(b"[")
+        for j, (hit, fragment) in enumerate(zip(hits, fragments, strict=True)):
+            if j:
+                parts.append(b",")
+            parts += wire.hit_parts(fragment, hit.score if with_score else None)
+        parts.append(b"]")
+
+    def batch_search(self, queries: list[str], ids: list[str] | str, top_n: int,
+                     return_score: bool) -> bytes:
+        doc_ids = self.doc_ids_for(ids, len(queries))
+        self.check_top_n(top_n)
+        parts = [b"["]
+        for i, hits in enumerate(self.search_items(queries, doc_ids, top_n)):
+            if i:
+                parts.append(b",")
+            self._hits_parts(hits, return_score, parts)
+        parts.append(b"]")
+        return b"".join(parts)
+
+    def search(self, query: str, doc_id: str, top_n: int, return_score: bool) -> bytes:
+        self.check_top_n(top_n)
+        parts: list[bytes] = []
+        self._hits_parts(self.search_items([query], [doc_id], top_n)[0], return_score, parts)
+        return b"".join(parts)
+
+    # -- fetch -----------------------------------------------------------------------------
+    def _fetch_parts(self, spec: str, doc_id: str) -> list[bytes]:
+        parsed = parse_fetch_spec(spec) if len(spec) <= self.limits.max_query_chars else None
+        if parsed is None:
+            return [wire.error_item(fetch_spec_problem(spec))]
+        modality, page = parsed
+        problem = doc_problem(doc_id, self.documents) or page_problem(doc_id, page, self.documents)
+        if problem:
+            return [wire.error_item(problem)]
+        spec_id = f"{modality}, {page}"
+        try:
+            if modality == "text":
+                return [wire.item_json(spec_id, self.backend.page_text(doc_id, page),
+                                       doc_id=doc_id, page=page, mime="text/plain")]
+            return wire.image_fetch_parts(spec_id, self.cache.get(doc_id, page))
+        except (KeyError, IndexError, OSError) as exc:
+            return [wire.error_item(_unreadable(exc))]
+
+    def batch_fetch(self, specs: list[str], ids: list[str] | str) -> bytes:
+        doc_ids = self.doc_ids_for(ids, len(specs))
+        parts = [b"["]
+        for i, (spec, doc_id) in enumerate(zip(specs, doc_ids, strict=True)):
+            if i:
+                parts.append(b",")
+            parts += self._fetch_parts(spec, doc_id)
+        parts.append(b"]")
+        return b"".join(parts)

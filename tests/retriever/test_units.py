@@ -1,0 +1,135 @@
+"""Pure pieces: wire fragments, fetch-spec parsing, the fragment cache, a custom backend."""
+
+import io
+import json
+
+from fastapi.testclient import TestClient
+from hypothesis import given
+from hypothesis import strategies as st
+from PIL import Image
+
+from retriever_server import wire
+from retriever_server.app import create_app
+from retriever_server.backends.base import Backend, Hit
+from retriever_server.cache import FragmentCache
+from retriever_server.limits import Limits, parse_fetch_spec, query_problem
+from retriever_server.store import PageImage
+
+
+def _tiny_jpeg(shade: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (28, 28), (shade, shade, shade)).save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+class MemoryBackend(Backend):
+    """A minimal custom backend: proves the app needs nothing beyond the interface."""
+
+    name = "memory"
+
+    def __init__(self, pages: dict[str, list[str]], broken: frozenset[str] = frozenset()):
+        self.pages, self.broken, self.reads = pages, broken, 0
+
+    def documents(self):
+        return {d: len(p) for d, p in self.pages.items()}
+
+    def search(self, queries, doc_ids, top_n):
+        if any(d in self.broken for d in doc_ids):
+            raise RuntimeError("engine failure")
+        out = []
+        for query, doc_id in zip(queries, doc_ids, strict=True):
+            scored = [(float(text.count(query)), n) for n, text in enumerate(self.pages[doc_id], 1)]
+            scored.sort(key=lambda s: (-s[0], s[1]))
+            out.append([Hit(doc_id, n, score) for score, n in scored[:top_n]])
+        return out
+
+    def page_image(self, doc_id, page):
+        self.reads += 1
+        return PageImage(_tiny_jpeg(page * 20), 28, 28)
+
+    def page_text(self, doc_id, page):
+        return self.pages[doc_id][page - 1]
+
+
+@given(st.text(max_size=30), st.integers(1, 10**6), st.booleans())
+def test_fragments_are_valid_json(doc_id, page, with_score):
+    fragment = wire.make_fragment(doc_id, page, b"\xff\xd8jpeg bytes")
+    item = json.loads(b"".join(wire.hit_parts(fragment, 1.5 if with_score else None)))
+    assert item["id"] == f"{doc_id}_{page}" and item["doc_id"] == doc_id and item["page"] == page
+    assert ("score" in item) == with_score
+
+
+def test_non_finite_scores_are_written_as_zero():
+    fragment = wire.make_fragment("d", 1, b"x")
+    assert json.loads(b"".join(wire.hit_parts(fragment, float("nan"))))["score"] == 0.0
+
+
+@given(st.sampled_from(["image", "text", "IMAGE", "Text"]), st.integers(0, 10**9 - 1),
+       st.sampled_from([",", " ,", ", ", " , "]))
+def test_fetch_specs_round_trip(modality, page, comma):
+    assert parse_fetch_spec(f"{modality}{comma}{page}") == (modality.lower(), page)
+    assert parse_fetch_spec(f"{page}-th") == ("image", page)
+
+
+@given(st.text(max_size=40))
+def test_parse_fetch_spec_never_raises(spec):
+    result = parse_fetch_spec(spec)
+    assert result is None or (result[0] in ("image", "text") and result[1] >= 0)
+
+
+def test_query_problems():
+    limits = Limits(max_query_chars=10)
+    assert query_problem("ok query", limits) is None
+    assert "empty" in query_problem(" \t\n", limits)
+    assert "11 characters" in query_problem("x" * 11, limits)
+
+
+def test_cache_evicts_least_recently_used_and_reuses_hits():
+    backend = MemoryBackend({"d": ["a", "b", "c"]})
+    one = wire.make_fragment("d", 1, backend.page_image("d", 1).jpeg).nbytes
+    backend.reads = 0
+    cache = FragmentCache(backend, max_bytes=2 * one + one // 2)  # room for two pages
+    cache.get("d", 1)
+    cache.get("d", 2)
+    cache.get("d", 1)  # hit; page 1 is now most recent
+    assert backend.reads == 2
+    cache.get("d", 3)  # evicts page 2
+    cache.get("d", 1)
+    assert backend.reads == 3
+    cache.get("d", 2)
+    assert backend.reads == 4
+    assert cache.nbytes <= 2 * one + one // 2
+
+
+def test_custom_backend_is_a_drop_in_and_failures_stay_per_item():
+    backend = MemoryBackend({"good": ["red apple", "green pear", "red red cherry"],
+                             "flaky": ["anything"]}, broken=frozenset({"flaky"}))
+    client = TestClient(create_app(backend))
+    body = {"query": ["red", "pear", "x"], "id": ["good", "good", "flaky"], "top_n": 2,
+            "return_score": True}
+    results = client.post("/batch_search", json=body).json()
+    assert [h["id"] for h in results[0]] == ["good_3", "good_1"]
+    assert results[0][0]["score"] == 2.0
+    assert results[1][0]["id"] == "good_2"
+    assert results[2] == [{"id": "error", "contents": "search failed: RuntimeError"}]
+    fetched = client.post("/batch_fetch", json={"query": ["text, 2"], "id": "good"}).json()
+    assert fetched[0]["contents"] == "green pear"
+    assert client.get("/health").json()["backend"] == "memory"
+
+
+def test_needs_ocr_threshold():
+    from retriever_server.ocr import MIN_TEXT_CHARS, needs_ocr
+
+    assert needs_ocr("") and needs_ocr(" \n" * 50 + "x" * (MIN_TEXT_CHARS - 1))
+    assert not needs_ocr("y" * MIN_TEXT_CHARS) and not needs_ocr("word " * 1000)
+
+
+def test_render_excess_is_trimmed_evenly():
+    from retriever_server.ingest import _center_crop
+
+    image = Image.new("RGB", (30, 40), "white")
+    image.paste((255, 0, 0), (0, 0, 30, 3))  # a 3-px red band at the top
+    cropped = _center_crop(image, (28, 34))
+    assert cropped.size == (28, 34)
+    assert cropped.getpixel((0, 0)) == (255, 255, 255)  # the band was in the trimmed 3 px
+    assert _center_crop(image, (56, 56)).size == (30, 40)  # too small: left to the resampler

@@ -1,0 +1,68 @@
+"""Helpers shared by the end-to-end rollout tests: prompts, agents and the independent oracles."""
+
+from __future__ import annotations
+
+import torch
+from PIL import Image, ImageDraw
+
+from vrag_rollout import vLLMRolloutAgent
+from vrag_rollout.demo import demo_config, demo_questions
+from vrag_rollout.prompts import PromptSample, build_prompt_batch
+
+
+def cover_image(seed: int) -> Image.Image:
+    """A small deterministic 'document cover' shown with some questions."""
+    image = Image.new("RGB", (140 + 28 * seed, 196), (250, 250, 245))
+    draw = ImageDraw.Draw(image)
+    draw.rectangle([10, 10, 120, 40 + 10 * seed], outline=(20, 20, 20), width=3)
+    draw.text((14, 60), f"cover {seed}", fill=(0, 0, 0))
+    return image
+
+
+def sample_prompts(count: int, with_images: bool = True) -> list[PromptSample]:
+    samples = demo_questions()[:count]
+    if with_images:
+        for i, sample in enumerate(samples):
+            if i % 2 == 0:
+                sample.images = [cover_image(i)]
+    return samples
+
+
+def make_agent(model_dir, processor, llm, retriever, **overrides) -> vLLMRolloutAgent:
+    config = demo_config(**overrides)
+    return vLLMRolloutAgent(str(model_dir), config, processor.tokenizer, processor, inference_engine=llm, retriever=retriever)
+
+
+def prompt_batch(processor, samples, agent, **kwargs):
+    return build_prompt_batch(processor.tokenizer, processor, samples, agent.config.prompt_length, **kwargs)
+
+
+def sample_images(output, row: int) -> list:
+    item = output.non_tensor_batch["multi_modal_data"][row]
+    return list(next(iter(item.values())))
+
+
+def processor_grids(processor, images) -> torch.Tensor | None:
+    if not images:
+        return None
+    return processor.image_processor(images=images, return_tensors="pt")["image_grid_thw"]
+
+
+def hf_rope_index(processor, model_dir, input_ids, attention_mask, grids) -> torch.Tensor:
+    """transformers' own Qwen2-VL get_rope_index for one sample: (3, L)."""
+    from transformers import AutoConfig
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
+
+    key = str(model_dir)
+    if key not in _MODELS:
+        _MODELS[key] = Qwen2VLModel(AutoConfig.from_pretrained(model_dir)).eval()
+    model = _MODELS[key]
+    image_pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    types = (input_ids == image_pad).int()
+    positions, _ = model.get_rope_index(
+        input_ids[None], types[None], image_grid_thw=grids, attention_mask=attention_mask[None]
+    )
+    return positions[:, 0]
+
+
+_MODELS: dict = {}

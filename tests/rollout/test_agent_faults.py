@@ -1,0 +1,96 @@
+"""Retriever faults and tight budgets on the real engine: the batch always completes, cleanly."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+
+from tests.rollout.agent_helpers import make_agent, processor_grids, prompt_batch, sample_images, sample_prompts
+from vrag_rollout.retriever_client import RetrieverClient
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # nothing listens here once the socket closes
+
+
+class GarbageImages:
+    """A retriever that answers every call, with page images that are not images."""
+
+    def post(self, path, body, timeout):
+        if path == "/batch_search":
+            return [[{"id": f"{doc}_1", "contents": "not-an-image!!"}] for doc in body["id"]]
+        return [{"id": spec, "contents": "R0lGODlhAQABAIAAAP"} for spec in body["query"]]  # truncated GIF
+
+    def get(self, path, timeout):
+        return {"status": "ok"}
+
+    def close(self):
+        pass
+
+
+def responses_text(output, tokenizer, row):
+    used = int(output.batch["response_mask"][row].sum())
+    return tokenizer.decode(output.batch["responses"][row][:used].tolist())
+
+
+def assert_images_whole(output, processor):
+    image_pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    for row in range(len(output)):
+        images = sample_images(output, row)
+        pads = int((output.batch["input_ids"][row][output.batch["attention_mask"][row].bool()] == image_pad).sum())
+        grids = processor_grids(processor, images)
+        expected = 0 if grids is None else int(grids.prod(dim=-1).sum()) // processor.image_processor.merge_size**2
+        assert pads == expected, f"sample {row}"
+
+
+def test_retriever_down_gives_error_observations(tiny_model_dir, tiny_processor, tiny_llm):
+    client = RetrieverClient(f"http://127.0.0.1:{closed_port()}", timeout=1.0, retries=1, backoff=0.01)
+    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=2, max_turns=3)
+    output = agent.generate_sequences(prompt_batch(tiny_processor, sample_prompts(4, with_images=False), agent))
+    metrics = output.meta_info["metrics"]
+    tool_calls = metrics["rollout/searches"] + metrics["rollout/fetches"]
+    assert tool_calls > 0
+    assert metrics["rollout/retriever_errors"] == tool_calls
+    assert metrics["retriever/failures/connection"] == tool_calls
+    assert metrics["rollout/images_retrieved"] == 0
+    for row in range(len(output)):
+        calls = output.non_tensor_batch["num_searches"][row] + output.non_tensor_batch["num_fetches"][row]
+        text = responses_text(output, tiny_processor.tokenizer, row)
+        assert text.count("<result>error:") == calls
+    assert_images_whole(output, tiny_processor)
+
+
+def test_undecodable_images_become_error_observations(tiny_model_dir, tiny_processor, tiny_llm):
+    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, RetrieverClient(None, transport=GarbageImages()),
+                       n=2, max_turns=3, fetch_modes=("image",))
+    output = agent.generate_sequences(prompt_batch(tiny_processor, sample_prompts(4, with_images=False), agent))
+    metrics = output.meta_info["metrics"]
+    assert metrics["rollout/searches"] + metrics["rollout/fetches"] > 0
+    assert metrics["rollout/retriever_errors"] == metrics["rollout/searches"] + metrics["rollout/fetches"]
+    texts = [responses_text(output, tiny_processor.tokenizer, row) for row in range(len(output))]
+    assert any("could not be decoded" in text for text in texts)
+    assert_images_whole(output, tiny_processor)
+
+
+@pytest.mark.parametrize("response_length", [96, 160])
+def test_tight_budget_admits_images_whole_or_ends_the_sample(tiny_model_dir, tiny_processor, tiny_llm, response_length):
+    from tests.conftest import SAMPLE_RETRIEVAL
+    from vrag_rollout.fixtures import FixtureTransport
+
+    client = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))
+    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=2, response_length=response_length,
+                       page_min_pixels=48 * 28 * 28, page_max_pixels=64 * 28 * 28)
+    output = agent.generate_sequences(prompt_batch(tiny_processor, sample_prompts(6, with_images=False), agent))
+    assert output.batch["responses"].shape[1] == response_length
+    assert int(output.batch["response_mask"].sum(-1).max()) <= response_length
+    reasons = list(output.non_tensor_batch["termination_reason"])
+    metrics = output.meta_info["metrics"]
+    assert "budget" in reasons or metrics["rollout/images_dropped_budget"] > 0
+    assert metrics["rollout/truncated"] == reasons.count("budget") + reasons.count("length")
+    assert_images_whole(output, tiny_processor)
+    for row in range(len(output)):  # the text row still strictly increases through the padding
+        assert torch.all(torch.diff(output.batch["position_ids"][row, 0][output.batch["attention_mask"][row].argmax():]) == 1)
