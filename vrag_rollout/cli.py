@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -32,6 +33,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     build.add_argument("out_dir", type=Path, nargs="?", default=None)
 
     args = parser.parse_args(argv)
+    # vLLM's CPU worker logs a warning on every generate call; keep the demo's output readable.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     if args.command == "demo":
         from .demo import run_demo
 

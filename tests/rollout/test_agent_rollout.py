@@ -161,3 +161,21 @@ def test_union_with_the_trainers_batch(rollout):
     assert len(merged) == BATCH * N
     assert list(merged.non_tensor_batch["uid"]) == [f"u{i // N}" for i in range(BATCH * N)]
     assert torch.equal(merged.batch["responses"], output.batch["responses"])
+
+
+def test_live_server_reproduces_the_recorded_rollout(rollout, tiny_model_dir, tiny_processor, tiny_llm, tmp_path_factory):
+    """The same rollout against the real retriever server, on an index built from scratch,
+    equals the replayed one: the fixture file is a faithful, current recording."""
+    from retriever_server.testing import serve_in_thread
+    from vrag_rollout.demo import prepare_index
+
+    _, _, replayed, _ = rollout
+    index_dir = prepare_index(tmp_path_factory.mktemp("live-retriever"))
+    with serve_in_thread(index_dir) as url, RetrieverClient(url) as client:
+        agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=N)
+        prompts = prompt_batch(tiny_processor, sample_prompts(BATCH), agent, proto_cls=verl_protocol.DataProto)
+        live = agent.generate_sequences(prompts)
+        assert live.meta_info["metrics"]["retriever/calls"] > 0
+    assert torch.equal(live.batch["responses"], replayed.batch["responses"])
+    assert torch.equal(live.batch["position_ids"], replayed.batch["position_ids"])
+    assert [list(p) for p in live.non_tensor_batch["page_ids"]] == [list(p) for p in replayed.non_tensor_batch["page_ids"]]

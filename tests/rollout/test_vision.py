@@ -7,14 +7,15 @@ import io
 import random
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from PIL import Image
+from PIL import Image, ImageDraw
 from transformers import Qwen2VLImageProcessor
 
-from vrag_rollout.vision import ImageDecodeError, PageImage, PixelBand, decode_base64_image, fit_to_band
+from vrag_rollout.vision import ImageDecodeError, PageImage, PixelBand, decode_base64_image, decode_page, fit_to_band
 
 P = 28 * 28
 TINY_BAND = PixelBand(4 * P, 256 * P)  # the tiny model's own processor band
@@ -103,16 +104,33 @@ def test_fit_keeps_a_fixed_point_unchanged():
     assert page.image is img and page.grid_thw == (1, 32, 40) and page.num_tokens == 320
 
 
-def test_resized_pixels_equal_the_processors_own_resize():
-    # The processor resizes with torchvision (bicubic, antialias, uint8): same pixels as ours.
+def _doc_image(w: int, h: int) -> Image.Image:
+    """A smooth page with text and thin lines: resampling filters differ little on it."""
+    img = Image.linear_gradient("L").resize((w, h)).convert("RGB")
+    d = ImageDraw.Draw(img)
+    for y in range(0, h, 40):
+        d.text((20, y + 5), "revenue 2024 table figure", fill=(0, 0, 120))
+        d.rectangle((w // 2, y, w // 2 + 60, y + 25), outline="red", width=2)
+    return img
+
+
+def _mad(a, b) -> float:
+    """Mean absolute difference of two HxWx3 images (PIL or arrays), in 0..255 levels."""
+    return float(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32)).mean())
+
+
+@pytest.mark.parametrize("size, band", [((300, 170), TINY_BAND), ((850, 1100), ROLLOUT_BAND), ((1700, 2200), ROLLOUT_BAND)])
+def test_resized_pixels_close_to_the_processors_own_resize(size, band):
+    # Our resize need not be torchvision's bicubic (vLLM and the actor get our image, a fixed
+    # point of the processor's resize): the size must be exact, the content only close.
     from torchvision.transforms.v2 import functional as F
 
-    img = _noise_image(w=300, h=170, seed=3)
-    page = fit_to_band(img, TINY_BAND)
+    img = _doc_image(*size)
+    page = fit_to_band(img, band)
     h, w = page.image.height, page.image.width
-    assert (w, h) != img.size
+    assert (w, h) != img.size and page.image.mode == "RGB"
     expected = F.resize(F.pil_to_tensor(img), [h, w], interpolation=F.InterpolationMode.BICUBIC, antialias=True)
-    assert torch.equal(F.pil_to_tensor(page.image), expected)
+    assert _mad(page.image, expected.permute(1, 2, 0).numpy()) < 1.5
 
 
 def test_page_image_num_tokens():
@@ -234,7 +252,58 @@ def _truncated_jpeg() -> str:
         (12345, "str or bytes"),
     ],
 )
-def test_decode_rejects_garbage(data, fragment):
+@pytest.mark.parametrize("decode", [decode_base64_image, lambda data: decode_page(data, TINY_BAND)])
+def test_decode_rejects_garbage(data, fragment, decode):
     with pytest.raises(ImageDecodeError, match=fragment) as info:
-        decode_base64_image(data)
+        decode(data)
     assert isinstance(info.value, ValueError)
+
+
+# --------------------------------------------------------------------------- decode_page
+
+
+def _b64(img: Image.Image, fmt: str, **kw) -> str:
+    buf = io.BytesIO()
+    img.save(buf, format=fmt, **kw)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+@pytest.mark.parametrize(
+    "size, mode, fmt, band",
+    [
+        ((850, 1100), "RGB", "JPEG", ROLLOUT_BAND),  # the retriever's page: libjpeg-turbo, resized
+        ((1700, 2200), "RGB", "JPEG", ROLLOUT_BAND),  # decoded at 1/2 scale in the DCT domain
+        ((3400, 4400), "RGB", "JPEG", TINY_BAND),  # 1/8
+        ((532, 700), "RGB", "JPEG", ROLLOUT_BAND),  # already at its band size: no resize
+        ((300, 170), "L", "JPEG", TINY_BAND),  # grayscale JPEG
+        ((20, 9), "RGB", "JPEG", TINY_BAND),  # upscaled
+        ((300, 170), "CMYK", "JPEG", TINY_BAND),  # PIL's path
+        ((300, 170), "RGBA", "PNG", TINY_BAND),  # PIL's path
+    ],
+)
+def test_decode_page_equals_decode_then_fit(size, mode, fmt, band):
+    data = _b64(_doc_image(*size).convert(mode), fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    page = decode_page(data, band)
+    slow = fit_to_band(decode_base64_image(data), band)
+    assert page.grid_thw == slow.grid_thw and page.num_tokens == slow.num_tokens
+    assert page.image.mode == "RGB" and page.image.size == slow.image.size
+    assert page.image.size == (page.grid_thw[2] * 14, page.grid_thw[1] * 14)
+    assert processed(page.image, band)[0] == page.grid_thw  # a fixed point of the processor
+    assert _mad(page.image, slow.image) < 2.0  # fast DCT/upsampling and DCT scaling: close
+
+
+def test_decode_page_leaves_decompression_bombs_to_pil(monkeypatch):
+    data = _b64(_doc_image(200, 150), "JPEG")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 10_000)  # PIL refuses above twice this
+    with pytest.raises(ImageDecodeError, match="does not decode"):
+        decode_page(data, TINY_BAND)
+
+
+def test_decode_page_decodes_jpeg_without_pil(monkeypatch):
+    # The fast path really is taken for the retriever's JPEGs (PIL is only the fallback).
+    import vrag_rollout.vision as vision
+
+    monkeypatch.setattr(vision, "_decode_pil", lambda raw: pytest.fail("JPEG page went through PIL"))
+    for mode in ("RGB", "L"):
+        page = decode_page(_b64(_doc_image(850, 1100).convert(mode), "JPEG"), ROLLOUT_BAND)
+        assert page.grid_thw == (1, 50, 38) and page.image.size == (532, 700)
