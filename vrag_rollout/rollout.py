@@ -56,8 +56,11 @@ class vLLMRollout(BaseRollout):
             action_regex=self.config.action_regex,
             logprobs=self.config.calculate_log_probs,
         )
+        self.observations = ObservationBuilder(
+            tokenizer, self.vision_tokens, max_text_tokens=self.config.max_fetch_text_tokens
+        )
         self.merge_size = _merge_size(processor)
-        self._step = 0
+        self._step = 0  # rollout calls so far: part of every request seed
 
     @contextmanager
     def update_sampling_params(self, **kwargs: Any) -> Iterator[None]:
@@ -132,14 +135,6 @@ class vLLMRollout(BaseRollout):
 
     def _run_tools(self, calls: list) -> None:
         raise RuntimeError("this rollout has no tools")  # no stop strings: tool calls cannot occur
-
-    @property
-    def observations(self) -> ObservationBuilder:
-        if not hasattr(self, "_observations"):
-            self._observations = ObservationBuilder(
-                self.tokenizer, self.vision_tokens, max_text_tokens=self.config.max_fetch_text_tokens
-            )
-        return self._observations
 
     # ---- input and output ----
     def _episodes(self, prompts: Any, n: int) -> list[Episode]:

@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence, Union
 from .actions import Fetch, Search
 from .observation import Observation, ObservationBuilder
 from .retriever_client import FetchSpec, RetrievedPage, RetrieverFailure
-from .vision import ImageDecodeError, PixelBand, decode_base64_image, fit_to_band
+from .vision import ImageDecodeError, PixelBand, decode_page
 
 Outcome = Union[list, RetrievedPage, RetrieverFailure]
 
@@ -98,6 +98,6 @@ class Observer:
 
     def _decode(self, page: RetrievedPage) -> Any:
         try:
-            return fit_to_band(decode_base64_image(page.contents), self.band)
+            return decode_page(page.contents, self.band)
         except ImageDecodeError:
             return None

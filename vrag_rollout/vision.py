@@ -25,7 +25,9 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
-# The processor's own resize rule; the grids must agree with what the actor computes.
+# The processor's own resize rule; the grids must agree with what the actor computes. (The copy
+# in qwen-vl-utils follows the same rule for real pages but picks other sizes for images with a
+# side under one patch, e.g. 1x1, where the processor's grid is the one that counts.)
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 
 MAX_ASPECT_RATIO = 200  # Qwen2-VL's processor raises above this
