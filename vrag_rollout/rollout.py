@@ -291,8 +291,10 @@ class vLLMRolloutAgent(vLLMRollout):
                 episode.fetches += 1
         requests = [ToolCall(i, action, episode.doc_id) for i, (episode, action) in enumerate(calls)]
         outcomes = call_retriever(requests, self.retriever, self.config.top_n)
-        for (episode, action), outcome in zip(calls, outcomes):
-            result = self.observer.observe(action, outcome, episode.remaining, episode.image_slots)
+        results = self.observer.observe_turn(
+            [(action, outcome, episode.remaining, episode.image_slots) for (episode, action), outcome in zip(calls, outcomes)]
+        )
+        for (episode, _), result in zip(calls, results):
             episode.retriever_errors += int(result.retriever_error)
             self._observe(episode, result.observation)
 

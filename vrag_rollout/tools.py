@@ -70,13 +70,23 @@ def call_retriever(calls: Sequence[ToolCall], client: Any, top_n: int) -> list[O
 
 @dataclass
 class Observer:
-    """Builds the observation for one tool outcome: decodes and resizes pages into the band."""
+    """Builds observations for tool outcomes: decodes and resizes pages into the band."""
 
     builder: ObservationBuilder
     band: PixelBand
     decoder: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(max_workers=4))
 
-    def observe(self, action: Union[Search, Fetch], outcome: Outcome, budget: int, image_slots: int) -> ObservationResult:
+    def observe_turn(self, items: Sequence[tuple]) -> list[ObservationResult]:
+        """(action, outcome, budget, image_slots) per tool call -> one result each.
+
+        Every image page of the turn is decoded in one parallel pass (the decoder releases the GIL).
+        """
+        pages = [page for _, outcome, _, _ in items for page in _image_pages(outcome)]
+        decoded = dict(zip(map(id, pages), self.decoder.map(self._decode, pages)))
+        return [self._observe(action, outcome, budget, slots, decoded) for action, outcome, budget, slots in items]
+
+    def _observe(self, action: Union[Search, Fetch], outcome: Outcome, budget: int, image_slots: int,
+                 decoded: dict) -> ObservationResult:
         if isinstance(outcome, RetrieverFailure):
             return ObservationResult(self.builder.error(outcome.message, budget), retriever_error=True)
         pages = outcome if isinstance(outcome, list) else [outcome]
@@ -84,8 +94,7 @@ class Observer:
         if text_pages:
             page = text_pages[0]
             return ObservationResult(self.builder.text(page.contents, page.page_id, budget))
-        decoded = list(self.decoder.map(self._decode, pages))
-        images = [(page_image, page.page_id) for page_image, page in zip(decoded, pages) if page_image is not None]
+        images = [(decoded[id(page)], page.page_id) for page in pages if decoded[id(page)] is not None]
         decode_errors = len(pages) - len(images)
         if pages and not images:
             what = "page image" if isinstance(action, Fetch) else "result page images"
@@ -101,3 +110,10 @@ class Observer:
             return decode_page(page.contents, self.band)
         except ImageDecodeError:
             return None
+
+
+def _image_pages(outcome: Outcome) -> list[RetrievedPage]:
+    if isinstance(outcome, RetrieverFailure):
+        return []
+    pages = outcome if isinstance(outcome, list) else [outcome]
+    return [page for page in pages if page.modality == "image"]

@@ -1,0 +1,65 @@
+"""Bad configuration and bad input fail early with messages that say what to fix."""
+
+import pytest
+
+from tests.rollout.agent_helpers import prompt_batch, sample_prompts
+from vrag_rollout import AgentRolloutConfig, vLLMRolloutAgent
+from vrag_rollout.rollout import narrowed_band
+from vrag_rollout.vision import PixelBand
+
+
+def test_unknown_keys_are_rejected_not_ignored():
+    with pytest.raises(ValueError, match="unknown rollout config keys: \\['max_turn'\\]"):
+        AgentRolloutConfig.from_any({"max_turn": 3})
+    assert AgentRolloutConfig.from_any({"max_turns": 3, "n": 2}).max_turns == 3
+
+
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        ({"n": 0}, "n must be"),
+        ({"top_n": 0}, "top_n must be"),
+        ({"max_turns": 0}, "max_turns must be"),
+        ({"page_min_pixels": 10, "page_max_pixels": 5}, "page_min_pixels <= page_max_pixels"),
+        ({"fetch_modes": ("image", "audio")}, "fetch_modes"),
+        ({"position_ids_layout": "5"}, "position_ids_layout"),
+        ({"retriever_timeout": 0}, "retriever_timeout"),
+    ],
+)
+def test_invalid_values(overrides, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        AgentRolloutConfig(**overrides)
+
+
+def test_page_band_is_narrowed_to_the_trainers_band_or_refused():
+    band = PixelBand(16 * 784, 64 * 784)
+    assert narrowed_band(band, 32 * 784, None) == PixelBand(32 * 784, 64 * 784)
+    assert narrowed_band(band, None, 48 * 784) == PixelBand(16 * 784, 48 * 784)
+    with pytest.raises(ValueError, match="does not overlap"):
+        narrowed_band(band, 100 * 784, 200 * 784)
+
+
+def agent(tiny_model_dir, tiny_processor, **overrides):
+    config = AgentRolloutConfig(**{"prompt_length": 384, "response_length": 64, **overrides})
+    # the engine is never reached: every case below fails before generation
+    return vLLMRolloutAgent(str(tiny_model_dir), config, tiny_processor.tokenizer, tiny_processor,
+                            inference_engine=object(), retriever=object())
+
+
+def test_page_band_outside_the_processors_band_is_refused(tiny_model_dir, tiny_processor):
+    with pytest.raises(ValueError, match="inside the image processor's own band"):
+        agent(tiny_model_dir, tiny_processor, page_min_pixels=16 * 784, page_max_pixels=4096 * 784)
+
+
+def test_missing_document_column_names_the_fix(tiny_model_dir, tiny_processor):
+    rollout = agent(tiny_model_dir, tiny_processor, page_min_pixels=16 * 784, page_max_pixels=64 * 784)
+    prompts = prompt_batch(tiny_processor, sample_prompts(2, with_images=False), rollout)
+    del prompts.non_tensor_batch["doc_id"]
+    with pytest.raises(ValueError, match="pop 'doc_id' into the generation batch"):
+        rollout.generate_sequences(prompts)
+
+
+def test_unset_lengths_are_refused(tiny_model_dir, tiny_processor):
+    with pytest.raises(ValueError, match="prompt_length and response_length must be set"):
+        vLLMRolloutAgent(str(tiny_model_dir), AgentRolloutConfig(), tiny_processor.tokenizer, tiny_processor,
+                         inference_engine=object(), retriever=object())
