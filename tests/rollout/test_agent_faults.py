@@ -94,3 +94,43 @@ def test_tight_budget_admits_images_whole_or_ends_the_sample(tiny_model_dir, tin
     assert_images_whole(output, tiny_processor)
     for row in range(len(output)):  # the text row still strictly increases through the padding
         assert torch.all(torch.diff(output.batch["position_ids"][row, 0][output.batch["attention_mask"][row].argmax():]) == 1)
+
+
+class FaultyTransport:
+    """Answers every call with one kind of fault, as the HTTP transport reports it."""
+
+    def __init__(self, fault):
+        self.fault = fault
+
+    def post(self, path, body, timeout):
+        from vrag_rollout.retriever_client import TransportHTTPError, TransportTimeout
+
+        if self.fault == "timeout":
+            raise TransportTimeout("retriever timed out after 3 tries")
+        if self.fault == "http_500":
+            raise TransportHTTPError(500, "retriever answered HTTP 500 after 3 tries")
+        if self.fault == "malformed":
+            return {"unexpected": "shape"}
+        return [[]] * 3  # a list of the wrong length
+
+    def get(self, path, timeout):
+        return {}
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize(
+    "fault, kind",
+    [("timeout", "timeout"), ("http_500", "http"), ("malformed", "malformed"), ("wrong_length", "malformed")],
+)
+def test_each_fault_kind_becomes_an_error_observation(tiny_model_dir, tiny_processor, tiny_llm, fault, kind):
+    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, RetrieverClient(None, transport=FaultyTransport(fault)),
+                       n=2, max_turns=2)
+    output = agent.generate_sequences(prompt_batch(tiny_processor, sample_prompts(4, with_images=False), agent))
+    metrics = output.meta_info["metrics"]
+    calls = metrics["rollout/searches"] + metrics["rollout/fetches"]
+    assert calls > 0
+    assert metrics[f"retriever/failures/{kind}"] == calls == metrics["rollout/retriever_errors"]
+    errors = sum(responses_text(output, tiny_processor.tokenizer, row).count("<result>error:") for row in range(len(output)))
+    assert errors == calls
