@@ -14,3 +14,4 @@ test: setup
 bench: setup
 	$(PY) scripts/bench_observation.py
 	$(PY) scripts/bench_retriever.py
+	$(PY) scripts/bench_schedules.py

@@ -11,6 +11,7 @@ DEFAULT_PAGE_MIN_PIXELS = 256 * 28 * 28
 DEFAULT_PAGE_MAX_PIXELS = 512 * 28 * 28
 
 POSITION_LAYOUTS = ("auto", "4", "3")
+ROLLOUT_MODES = ("sync", "continuous")
 
 
 @dataclass
@@ -71,6 +72,9 @@ class AgentRolloutConfig:
     max_images_per_sample: int = 0
     # "auto" follows the input's position_ids; "4" or "3" forces the (bs, 4|3, L) layout.
     position_ids_layout: str = "auto"
+    # "sync": one generate call per turn for all samples; "continuous": each sample advances on
+    # its own through vLLM's continuous batching, with tool calls overlapping generation.
+    rollout_mode: str = "sync"
     # Optional regex that constrains each turn (vLLM structured outputs), e.g. for tiny policies.
     action_regex: Optional[str] = None
 
@@ -91,6 +95,8 @@ class AgentRolloutConfig:
         unknown_modes = set(self.fetch_modes) - {"image", "text"}
         if unknown_modes:
             problems.append(f"fetch_modes may hold 'image' and 'text' only, got {sorted(unknown_modes)}")
+        if self.rollout_mode not in ROLLOUT_MODES:
+            problems.append(f"rollout_mode must be one of {ROLLOUT_MODES}, got {self.rollout_mode!r}")
         if str(self.position_ids_layout) not in POSITION_LAYOUTS:
             problems.append(f"position_ids_layout must be one of {POSITION_LAYOUTS}")
         if self.retriever_retries < 0 or self.retriever_timeout <= 0:

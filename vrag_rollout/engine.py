@@ -83,6 +83,10 @@ def create_llm(**llm_kwargs: Any) -> Any:
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():
+        # A prefill split across engine steps makes vLLM rewind the request's seeded generator,
+        # which CPU generators cannot do ("CPU Generator does not use offset"); every rollout
+        # request is seeded, so keep prefills whole on CPU.
+        llm_kwargs.setdefault("enable_chunked_prefill", False)
         with _modules_hidden_from_kernel_scan():
             return LLM(**llm_kwargs)
     return LLM(**llm_kwargs)
@@ -130,6 +134,31 @@ class VLLMEngine:
             return []
         outputs = self.llm.generate(list(prompts), list(params), use_tqdm=False)
         return [_turn_output(out.outputs[0]) for out in outputs]
+
+
+class ContinuousEngine:
+    """Requests added and finished one by one (`add_request`/`step`): a sample's next turn can
+    start while others are still generating."""
+
+    def __init__(self, llm: Any):
+        self._engine = llm.llm_engine
+        self._owners: dict[str, Any] = {}
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._owners)
+
+    def submit(self, request_id: str, prompt: dict, params: Any, owner: Any) -> None:
+        self._engine.add_request(request_id, prompt, params)
+        self._owners[request_id] = owner
+
+    def step(self) -> list[tuple[Any, TurnOutput]]:
+        """One engine step; (owner, output) of every request that finished in it."""
+        finished = []
+        for result in self._engine.step():
+            if result.finished:
+                finished.append((self._owners.pop(result.request_id), _turn_output(result.outputs[0])))
+        return finished
 
 
 def _turn_output(completion: Any) -> TurnOutput:

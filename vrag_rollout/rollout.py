@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Sequence
 
@@ -19,7 +20,7 @@ from tensordict import TensorDict
 from .actions import TOOL_STOPS, Answer, Fetch, Invalid, Search, Stop, parse_action
 from .batch import BatchSpec, collect_metrics, episode_columns, response_position_ids, response_tensors
 from .config import AgentRolloutConfig
-from .engine import VLLMEngine, build_llm
+from .engine import ContinuousEngine, VLLMEngine, build_llm
 from .episode import Episode
 from .observation import ObservationBuilder, VisionTokens
 from .prompt_images import engine_images, image_key, prompt_entries
@@ -78,35 +79,81 @@ class vLLMRollout(BaseRollout):
             n = self.sampling.n  # an override of n holds for this call only
             episodes = self._episodes(prompts, n)
             self._before_rollout(prompts.meta_info)
-            for turn in range(self.max_turns):
-                active = [ep for ep in episodes if not ep.done]
-                if not active:
-                    break
-                self._turn(active, turn)
+            if self.config.rollout_mode == "continuous":
+                self._run_continuous(episodes)
+            else:
+                self._run_turn_synchronized(episodes)
             for episode in episodes:
                 episode.finish("max_turns")  # no-op for episodes that already ended
         self._step += 1
         return self._assemble(prompts, episodes, n, time.perf_counter() - started)
 
-    # ---- one turn ----
-    def _turn(self, active: list[Episode], turn: int) -> None:
-        for episode in active:
-            if episode.remaining <= 0:
-                episode.finish("length")
-        active = [ep for ep in active if not ep.done]
-        params = [
-            self.sampling.params(ep.remaining, request_seed(self.sampling.seed, self._step, ep.index, turn))
-            for ep in active
-        ]
-        outputs = self.engine.generate([ep.engine_prompt() for ep in active], params)
-        tool_calls = []
-        for episode, output in zip(active, outputs):
-            episode.append_sampled(output.token_ids, output.logprobs)
-            action = parse_action(output.text, output.finish_reason, output.stop_reason, self.config.fetch_modes)
-            if self._settle(episode, action, last_turn=turn == self.max_turns - 1):
-                tool_calls.append((episode, action))
-        if tool_calls:
-            self._run_tools(tool_calls)
+    # ---- the two schedules ----
+    def _run_turn_synchronized(self, episodes: list[Episode]) -> None:
+        """Every turn: one generate call for all active samples, then one retriever batch."""
+        for turn in range(self.max_turns):
+            active = [ep for ep in episodes if self._ready(ep)]
+            if not active:
+                break
+            requests = [self._request(ep, turn) for ep in active]
+            outputs = self.engine.generate([r[0] for r in requests], [r[1] for r in requests])
+            calls = [(ep, action) for ep, output in zip(active, outputs)
+                     if (action := self._after_generation(ep, output, turn)) is not None]
+            if calls:
+                self._apply_tools(calls, self._execute_tools(calls))
+
+    def _run_continuous(self, episodes: list[Episode]) -> None:
+        """Each sample moves on as soon as its own turn or tool call finishes (vLLM continuous
+        batching); tool calls finishing in the same engine step share one retriever batch, and
+        one batch is in flight while the engine keeps generating for the other samples."""
+        engine = ContinuousEngine(self.inference_engine)
+        turns = {ep.index: 0 for ep in episodes}
+
+        def submit(episode: Episode) -> None:
+            if self._ready(episode):
+                prompt, params = self._request(episode, turns[episode.index])
+                engine.submit(f"{self._step}-{episode.index}-{turns[episode.index]}", prompt, params, episode)
+
+        for episode in episodes:
+            submit(episode)
+        waiting: list = []
+        inflight = None  # (future, calls)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tools") as tools:
+            while engine.busy or waiting or inflight:
+                for episode, output in engine.step() if engine.busy else []:
+                    action = self._after_generation(episode, output, turns[episode.index])
+                    if action is not None:
+                        waiting.append((episode, action))
+                    elif not episode.done:  # corrected an invalid action: on to the next turn
+                        turns[episode.index] += 1
+                        submit(episode)
+                if inflight is not None and (inflight[0].done() or not engine.busy):
+                    future, calls = inflight
+                    inflight = None
+                    self._apply_tools(calls, future.result())
+                    for episode, _ in calls:
+                        turns[episode.index] += 1
+                        submit(episode)
+                if inflight is None and waiting:
+                    inflight = (tools.submit(self._execute_tools, waiting), waiting)
+                    waiting = []
+
+    # ---- one turn of one sample ----
+    def _ready(self, episode: Episode) -> bool:
+        """Whether the sample generates again (ends it on an exhausted budget)."""
+        if not episode.done and episode.remaining <= 0:
+            episode.finish("length")
+        return not episode.done
+
+    def _request(self, episode: Episode, turn: int) -> tuple:
+        seed = request_seed(self.sampling.seed, self._step, episode.index, turn)
+        return episode.engine_prompt(), self.sampling.params(episode.remaining, seed)
+
+    def _after_generation(self, episode: Episode, output: Any, turn: int) -> Any:
+        """Append the sampled tokens and settle the action; returns it when it needs the retriever."""
+        episode.append_sampled(output.token_ids, output.logprobs)
+        action = parse_action(output.text, output.finish_reason, output.stop_reason, self.config.fetch_modes)
+        return action if self._settle(episode, action, last_turn=turn == self.max_turns - 1) else None
 
     def _settle(self, episode: Episode, action: Any, last_turn: bool) -> bool:
         """End the episode or answer it directly; True when the action needs the retriever."""
@@ -133,8 +180,11 @@ class vLLMRollout(BaseRollout):
     def _before_rollout(self, meta: dict) -> None:
         pass
 
-    def _run_tools(self, calls: list) -> None:
+    def _execute_tools(self, calls: list) -> list:
         raise RuntimeError("this rollout has no tools")  # no stop strings: tool calls cannot occur
+
+    def _apply_tools(self, calls: list, results: list) -> None:
+        raise RuntimeError("this rollout has no tools")
 
     # ---- input and output ----
     def _episodes(self, prompts: Any, n: int) -> list[Episode]:
@@ -281,20 +331,22 @@ class vLLMRolloutAgent(vLLMRollout):
         stats = getattr(self.retriever, "stats", None)
         return stats.snapshot() if stats is not None else {}
 
-    def _run_tools(self, calls: list) -> None:
+    def _execute_tools(self, calls: list) -> list:
+        """Retriever requests and page decoding for a batch of calls (no episode is changed)."""
         from .tools import ToolCall, call_retriever
 
-        for episode, action in calls:
+        requests = [ToolCall(i, action, episode.doc_id) for i, (episode, action) in enumerate(calls)]
+        outcomes = call_retriever(requests, self.retriever, self.config.top_n)
+        return self.observer.observe_turn(
+            [(action, outcome, episode.remaining, episode.image_slots) for (episode, action), outcome in zip(calls, outcomes)]
+        )
+
+    def _apply_tools(self, calls: list, results: list) -> None:
+        for (episode, action), result in zip(calls, results):
             if isinstance(action, Search):
                 episode.searches += 1
             elif isinstance(action, Fetch):
                 episode.fetches += 1
-        requests = [ToolCall(i, action, episode.doc_id) for i, (episode, action) in enumerate(calls)]
-        outcomes = call_retriever(requests, self.retriever, self.config.top_n)
-        results = self.observer.observe_turn(
-            [(action, outcome, episode.remaining, episode.image_slots) for (episode, action), outcome in zip(calls, outcomes)]
-        )
-        for (episode, _), result in zip(calls, results):
             episode.retriever_errors += int(result.retriever_error)
             self._observe(episode, result.observation)
 

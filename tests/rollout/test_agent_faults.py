@@ -134,3 +134,41 @@ def test_each_fault_kind_becomes_an_error_observation(tiny_model_dir, tiny_proce
     assert metrics[f"retriever/failures/{kind}"] == calls == metrics["rollout/retriever_errors"]
     errors = sum(responses_text(output, tiny_processor.tokenizer, row).count("<result>error:") for row in range(len(output)))
     assert errors == calls
+
+
+def test_invalid_actions_get_a_correction_and_the_sample_goes_on_in_both_schedules(
+    tiny_model_dir, tiny_processor, tiny_llm
+):
+    from tests.conftest import SAMPLE_RETRIEVAL
+    from vrag_rollout.fixtures import FixtureTransport
+
+    outputs = {}
+    for mode in ("sync", "continuous"):
+        client = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))
+        # the grammar still lets the policy write <fetch>text, N</fetch>: now an invalid action
+        agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=2, fetch_modes=("image",),
+                           rollout_mode=mode)
+        outputs[mode] = agent.generate_sequences(prompt_batch(tiny_processor, sample_prompts(6, with_images=False), agent))
+    sync, continuous = outputs["sync"], outputs["continuous"]
+    assert sync.meta_info["metrics"]["rollout/invalid_actions"] > 0
+    texts = [responses_text(sync, tiny_processor.tokenizer, row) for row in range(len(sync))]
+    corrected = [t for t in texts if "fetch modality 'text' is not available" in t]
+    assert corrected and any(t.rfind("</result>") < t.rfind("<think>") for t in corrected)  # it went on
+    assert torch.equal(sync.batch["responses"], continuous.batch["responses"])
+    assert sync.meta_info["metrics"]["rollout/invalid_actions"] == continuous.meta_info["metrics"]["rollout/invalid_actions"]
+
+
+def test_batches_larger_than_one_engine_step_complete(tiny_model_dir, tiny_processor, tiny_llm):
+    """48 seeded episodes exceed one engine step's token budget (4096): on CPU a prefill split
+    across steps crashed vLLM's seeded sampling ("CPU Generator does not use offset")."""
+    from tests.conftest import SAMPLE_RETRIEVAL
+    from vrag_rollout.fixtures import FixtureTransport
+
+    client = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))
+    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=4)
+    prompts = prompt_batch(tiny_processor, (sample_prompts(13, with_images=False) * 2)[:12], agent)
+    assert int(prompts.batch["attention_mask"].sum()) * 4 > 4096
+    output = agent.generate_sequences(prompts)
+    assert output.batch["responses"].shape[0] == 48
+    assert output.meta_info["metrics"]["rollout/searches"] > 0
+    assert_images_whole(output, tiny_processor)

@@ -179,3 +179,17 @@ def test_live_server_reproduces_the_recorded_rollout(rollout, tiny_model_dir, ti
     assert torch.equal(live.batch["responses"], replayed.batch["responses"])
     assert torch.equal(live.batch["position_ids"], replayed.batch["position_ids"])
     assert [list(p) for p in live.non_tensor_batch["page_ids"]] == [list(p) for p in replayed.non_tensor_batch["page_ids"]]
+
+
+def test_continuous_schedule_gives_the_same_episodes(rollout, tiny_model_dir, tiny_processor, tiny_llm):
+    """Continuous batching changes when each sample runs, not what it samples: per-sample seeds
+    make the episodes identical to the turn-synchronized ones."""
+    _, _, replayed, _ = rollout
+    client = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))
+    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=N, rollout_mode="continuous")
+    prompts = prompt_batch(tiny_processor, sample_prompts(BATCH), agent, proto_cls=verl_protocol.DataProto)
+    continuous = agent.generate_sequences(prompts)
+    for key in ("responses", "loss_mask", "position_ids", "attention_mask"):
+        assert torch.equal(continuous.batch[key], replayed.batch[key]), key
+    assert list(continuous.non_tensor_batch["termination_reason"]) == list(replayed.non_tensor_batch["termination_reason"])
+    assert continuous.meta_info["metrics"]["rollout/searches"] == replayed.meta_info["metrics"]["rollout/searches"]

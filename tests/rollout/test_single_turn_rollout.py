@@ -48,3 +48,4 @@ def test_logprobs_sit_on_sampled_tokens_only(tiny_model_dir, tiny_processor, tin
     logprobs, mask = output.batch["rollout_log_probs"], output.batch["loss_mask"].bool()
     assert torch.all(logprobs[mask] <= 0) and torch.any(logprobs[mask] < 0)
     assert torch.all(logprobs[~mask] == 0)
+
