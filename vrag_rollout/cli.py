@@ -20,6 +20,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     demo.add_argument("--max-turns", type=int, default=4)
     demo.add_argument("--response-length", type=int, default=768)
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--rollout-mode", choices=["sync", "continuous"], default="sync")
     demo.add_argument("--retriever-url", default=None, help="use a running retriever instead of the embedded one")
     demo.add_argument("--fixtures", default=None, help="replay recorded retriever traffic from this file")
 
@@ -47,6 +48,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             max_turns=args.max_turns,
             response_length=args.response_length,
             seed=args.seed,
+            rollout_mode=args.rollout_mode,
         )
         return 0
     if args.command == "record-fixtures":
