@@ -109,6 +109,7 @@ def collect_metrics(episodes: Sequence[Episode], client_stats: dict, elapsed: fl
         "rollout/retriever_errors": float(sum(ep.retriever_errors for ep in episodes)),
         "rollout/images_retrieved": float(sum(len(ep.images) for ep in episodes)),
         "rollout/images_dropped_budget": float(sum(ep.images_dropped for ep in episodes)),
+        "rollout/pages_undecodable": float(sum(ep.undecodable_pages for ep in episodes)),
         "rollout/truncated": float(reasons.get("length", 0) + reasons.get("budget", 0)),
         "rollout/response_length_mean": sum(len(ep.response_ids) for ep in episodes) / count,
         "rollout/seconds": elapsed,

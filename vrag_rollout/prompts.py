@@ -89,7 +89,7 @@ def build_prompt_batch(
     if any(sample.images for sample in samples):
         non_tensors["multi_modal_data"] = object_array(mm_data)
     meta = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": pad_id, **(meta_info or {})}
-    return _make(proto_cls, tensors, non_tensors, meta)
+    return proto_cls.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta)
 
 
 def _expand_pads(ids: Sequence[int], grids: Sequence[tuple[int, int, int]], image_pad: int, merge: int) -> list[int]:
@@ -103,8 +103,3 @@ def _expand_pads(ids: Sequence[int], grids: Sequence[tuple[int, int, int]], imag
             out.append(token)
     return out
 
-
-def _make(proto_cls: type, tensors: dict, non_tensors: dict, meta: dict) -> Any:
-    if hasattr(proto_cls, "from_dict"):
-        return proto_cls.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta)
-    return proto_cls(batch=tensors, non_tensor_batch=non_tensors, meta_info=meta)

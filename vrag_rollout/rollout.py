@@ -348,6 +348,7 @@ class vLLMRolloutAgent(vLLMRollout):
             elif isinstance(action, Fetch):
                 episode.fetches += 1
             episode.retriever_errors += int(result.retriever_error)
+            episode.undecodable_pages += result.decode_errors
             self._observe(episode, result.observation)
 
 

@@ -71,6 +71,7 @@ def test_undecodable_images_become_error_observations(tiny_model_dir, tiny_proce
     metrics = output.meta_info["metrics"]
     assert metrics["rollout/searches"] + metrics["rollout/fetches"] > 0
     assert metrics["rollout/retriever_errors"] == metrics["rollout/searches"] + metrics["rollout/fetches"]
+    assert metrics["rollout/pages_undecodable"] == metrics["rollout/searches"] + metrics["rollout/fetches"]
     texts = [responses_text(output, tiny_processor.tokenizer, row) for row in range(len(output))]
     assert any("could not be decoded" in text for text in texts)
     assert_images_whole(output, tiny_processor)
