@@ -1,13 +1,17 @@
-"""Session-wide fixtures: the tiny Qwen2-VL model, one vLLM engine, the recorded retrieval."""
+"""Session-wide fixtures: the tiny models of every family, one vLLM engine per family (built on
+first use and shared by every test of the session), the recorded retrieval."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from vrag_rollout.engine import configure_cpu_defaults, create_llm
-from vrag_rollout.tiny_model import build_tiny_qwen2vl, default_model_dir
+from vrag_rollout.families import FAMILY_NAMES
+from vrag_rollout.tiny_model import build_tiny_model, build_tiny_qwen2vl, default_model_dir
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SAMPLE_RETRIEVAL = FIXTURES / "sample_retrieval.json"
@@ -29,16 +33,59 @@ def tiny_processor(tiny_model_dir):
 
 
 @pytest.fixture(scope="session")
-def tiny_llm(tiny_model_dir):
-    """One in-process vLLM engine on CPU for the whole session (every rollout test shares it)."""
-    llm = create_llm(
-        model=str(tiny_model_dir),
-        dtype="float32",
-        max_model_len=2048,
-        max_num_batched_tokens=4096,
-        enforce_eager=True,
-        limit_mm_per_prompt={"image": 8, "video": 0},
-        seed=0,
-    )
-    yield llm
-    del llm
+def engines():
+    """model dir -> its one in-process vLLM engine on CPU, started on first use, kept all session."""
+    started: dict[str, Any] = {}
+
+    def engine_for(model_dir) -> Any:
+        key = str(model_dir)
+        if key not in started:
+            started[key] = create_llm(
+                model=key,
+                dtype="float32",
+                max_model_len=2048,
+                max_num_batched_tokens=4096,
+                enforce_eager=True,
+                limit_mm_per_prompt={"image": 8, "video": 0},
+                seed=0,
+            )
+        return started[key]
+
+    yield engine_for
+    started.clear()
+
+
+@pytest.fixture(scope="session")
+def tiny_llm(tiny_model_dir, engines):
+    """The tiny Qwen2-VL's engine (the same one `family_models("qwen2-vl")` hands out)."""
+    return engines(tiny_model_dir)
+
+
+@dataclass(frozen=True)
+class FamilyModel:
+    family: str
+    model_dir: Path
+    processor: Any
+    llm: Any
+
+
+@pytest.fixture(scope="session")
+def family_models(engines):
+    """family name -> FamilyModel (tiny model, its processor, its engine), each built once."""
+    from transformers import AutoProcessor
+
+    built: dict[str, FamilyModel] = {}
+
+    def get(family: str) -> FamilyModel:
+        if family not in built:
+            model_dir = build_tiny_model(default_model_dir(family), family)
+            built[family] = FamilyModel(family, model_dir, AutoProcessor.from_pretrained(model_dir), engines(model_dir))
+        return built[family]
+
+    return get
+
+
+@pytest.fixture(scope="module", params=FAMILY_NAMES)
+def family_model(request, family_models) -> FamilyModel:
+    """Parametrizes a test module over every supported family."""
+    return family_models(request.param)

@@ -59,7 +59,7 @@ def response_position_ids(
 ) -> torch.Tensor:
     """Position ids of prompt+response in the layout of `prompt_positions` (or the forced one).
 
-    2-D prompts continue one per token. For Qwen2-VL (bs, 3|4, P): the text row continues the
+    2-D prompts continue one per token. For the Qwen VL families (bs, 3|4, P): the text row continues the
     prompt's text row by one per token; the mrope rows of the response are computed over the
     response's tokens and images, starting one past the prompt's largest mrope position. Padding
     after a response continues by one per token, so the text row strictly increases in a sample.

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from .families import FAMILY_NAMES
+
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="vrag-rollout", description=__doc__)
@@ -23,6 +25,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     demo.add_argument("--rollout-mode", choices=["sync", "continuous"], default="sync")
     demo.add_argument("--retriever-url", default=None, help="use a running retriever instead of the embedded one")
     demo.add_argument("--fixtures", default=None, help="replay recorded retriever traffic from this file")
+    demo.add_argument("--family", choices=FAMILY_NAMES, default=None,
+                      help="model family of the tiny model to build and run (default qwen2-vl)")
+    demo.add_argument("--model", default=None,
+                      help="run on this local checkpoint of a supported family instead of a tiny model")
 
     record = commands.add_parser(
         "record-fixtures", help="record every retriever call the demo can make from a live server, for replay"
@@ -30,8 +36,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     record.add_argument("--out", type=Path, required=True)
     record.add_argument("--retriever-url", default=None, help="default: the embedded server on the sample corpus")
 
-    build = commands.add_parser("build-tiny-model", help="build the tiny offline Qwen2-VL used by the demo and tests")
-    build.add_argument("out_dir", type=Path, nargs="?", default=None)
+    build = commands.add_parser("build-tiny-model", help="build a tiny offline model of a family (demo and tests)")
+    build.add_argument("out_dir", type=Path, nargs="?", default=None, help="default: the cache the demo uses")
+    build.add_argument("--family", choices=FAMILY_NAMES, default="qwen2-vl")
 
     args = parser.parse_args(argv)
     # vLLM's CPU worker logs a warning on every generate call; keep the demo's output readable.
@@ -41,6 +48,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         run_demo(
             args.out,
+            family=args.family,
+            model=args.model,
             batch_size=args.batch_size,
             retriever_url=args.retriever_url,
             fixtures=args.fixtures,
@@ -57,9 +66,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(record_demo_fixtures(args.out, args.retriever_url))
         return 0
     if args.command == "build-tiny-model":
-        from .tiny_model import build_tiny_qwen2vl, default_model_dir
+        from .tiny_model import build_tiny_model, default_model_dir
 
-        print(build_tiny_qwen2vl(args.out_dir or default_model_dir()))
+        print(build_tiny_model(args.out_dir or default_model_dir(args.family), args.family))
         return 0
     return 2
 

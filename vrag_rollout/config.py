@@ -6,9 +6,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-# Qwen2-VL's VRAG pixel band for result pages: about 256..512 visual tokens per page.
-DEFAULT_PAGE_MIN_PIXELS = 256 * 28 * 28
-DEFAULT_PAGE_MAX_PIXELS = 512 * 28 * 28
+# VRAG's band for result pages, in visual tokens: the pixel band is these times the model's own
+# (patch * merge)^2 (28^2 for Qwen2/2.5-VL, 32^2 for Qwen3-VL), unless set in pixels.
+DEFAULT_PAGE_MIN_TOKENS = 256
+DEFAULT_PAGE_MAX_TOKENS = 512
 
 POSITION_LAYOUTS = ("auto", "4", "3")
 ROLLOUT_MODES = ("sync", "continuous")
@@ -61,8 +62,10 @@ class AgentRolloutConfig:
     retriever_fixtures: Optional[str] = None
     top_n: int = 2
     max_turns: int = 4
-    page_min_pixels: int = DEFAULT_PAGE_MIN_PIXELS
-    page_max_pixels: int = DEFAULT_PAGE_MAX_PIXELS
+    # Pixel band result pages are resized into; None: DEFAULT_PAGE_MIN/MAX_TOKENS visual tokens
+    # of the model, kept inside its processor's own band.
+    page_min_pixels: Optional[int] = None
+    page_max_pixels: Optional[int] = None
     fetch_modes: tuple = ("image", "text")
     # Longest page text a `<fetch>text, N</fetch>` injects, in tokens (longer text is cut).
     max_fetch_text_tokens: int = 512
@@ -87,7 +90,10 @@ class AgentRolloutConfig:
             problems.append(f"top_n must be >= 1, got {self.top_n}")
         if self.max_turns < 1:
             problems.append(f"max_turns must be >= 1, got {self.max_turns}")
-        if not 0 < self.page_min_pixels <= self.page_max_pixels:
+        low, high = self.page_min_pixels, self.page_max_pixels
+        if (low is not None and low <= 0) or (high is not None and high <= 0) or (
+            low is not None and high is not None and low > high
+        ):
             problems.append(
                 f"need 0 < page_min_pixels <= page_max_pixels, got "
                 f"{self.page_min_pixels}..{self.page_max_pixels}"

@@ -1,7 +1,8 @@
 """The main job: a real agent rollout on vLLM against the embedded retriever.
 
-Builds (once, cached) the tiny Qwen2-VL model and the sample corpus index, serves the index on
-loopback, runs a batch of episodes and saves the output batch with `torch.save`.
+Builds (once, cached) the tiny model of the chosen family (Qwen2-VL by default; or takes a local
+checkpoint of a supported family) and the sample corpus index, serves the index on loopback, runs
+a batch of episodes and saves the output batch with `torch.save`.
 
 Saved file (a plain dict; every tensor row is one sample, the n samples of a prompt adjacent):
 - tensors: `prompts` (B, P), `responses` (B, R), `input_ids` (B, P+R), `attention_mask` (B, P+R),
@@ -98,6 +99,13 @@ def record_demo_fixtures(out_path: Path, retriever_url: Optional[str] = None) ->
         return record_fixtures(retriever_url, out_path, searches=searches, fetches=fetches, top_n=DEMO_TOP_N)
 
 
+def demo_page_band(processor: Any) -> dict:
+    """Small result pages (16 to 64 visual tokens of this model) keep the CPU demo fast."""
+    image_processor = getattr(processor, "image_processor", processor)
+    factor = int(image_processor.patch_size) * int(image_processor.merge_size)
+    return {"page_min_pixels": 16 * factor**2, "page_max_pixels": 64 * factor**2}
+
+
 def demo_config(**overrides: Any) -> AgentRolloutConfig:
     from retriever_server.sample_corpus import SAMPLE_FACTS
 
@@ -112,8 +120,6 @@ def demo_config(**overrides: Any) -> AgentRolloutConfig:
         response_length=768,
         max_turns=4,
         top_n=DEMO_TOP_N,
-        page_min_pixels=16 * 28 * 28,
-        page_max_pixels=64 * 28 * 28,
         max_num_batched_tokens=4096,
         action_regex=action_regex(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE),
     )
@@ -121,16 +127,33 @@ def demo_config(**overrides: Any) -> AgentRolloutConfig:
     return AgentRolloutConfig(**base)
 
 
-def run_demo(out_path: Path, *, batch_size: int = 4, retriever_url: Optional[str] = None,
-             fixtures: Optional[str] = None, **config_overrides: Any) -> dict:
+def demo_model(family: Optional[str] = None, model: Optional[str] = None) -> tuple[Path, str]:
+    """(model dir, family name): a local checkpoint of a supported family, or the family's tiny
+    model (built once, cached). A family named beside a checkpoint must be the checkpoint's."""
+    from .families import detect_family, family_by_name
+    from .tiny_model import build_tiny_model, default_model_dir
+
+    if model is None:
+        name = family_by_name(family or "qwen2-vl").name
+        return build_tiny_model(default_model_dir(name), name), name
+    model_dir = Path(model).expanduser()
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"--model {model}: not a local model directory (no config.json)")
+    detected = detect_family(model_dir).name
+    if family is not None and family_by_name(family).name != detected:
+        raise ValueError(f"--family {family} but the model at {model} is {detected}")
+    return model_dir, detected
+
+
+def run_demo(out_path: Path, *, family: Optional[str] = None, model: Optional[str] = None, batch_size: int = 4,
+             retriever_url: Optional[str] = None, fixtures: Optional[str] = None, **config_overrides: Any) -> dict:
     from transformers import AutoProcessor
 
     from .engine import configure_cpu_defaults
     from .rollout import vLLMRolloutAgent
-    from .tiny_model import build_tiny_qwen2vl, default_model_dir
 
     configure_cpu_defaults()
-    model_dir = build_tiny_qwen2vl(default_model_dir())
+    model_dir, family = demo_model(family, model)
     processor = AutoProcessor.from_pretrained(model_dir)
     tokenizer = processor.tokenizer
     with ExitStack() as stack:
@@ -138,8 +161,8 @@ def run_demo(out_path: Path, *, batch_size: int = 4, retriever_url: Optional[str
             from retriever_server.testing import serve_in_thread
 
             retriever_url = stack.enter_context(serve_in_thread(prepare_index(cache_dir())))
-        config = demo_config(retriever_url=retriever_url or "http://127.0.0.1:8002",
-                             retriever_fixtures=fixtures, **config_overrides)
+        config = demo_config(retriever_url=retriever_url or "http://127.0.0.1:8002", retriever_fixtures=fixtures,
+                             **{**demo_page_band(processor), **config_overrides})
         agent = vLLMRolloutAgent(str(model_dir), config, tokenizer, processor)
         samples = demo_questions()[:batch_size]
         prompts = build_prompt_batch(tokenizer, processor, samples, config.prompt_length)
@@ -149,7 +172,7 @@ def run_demo(out_path: Path, *, batch_size: int = 4, retriever_url: Optional[str
     out_path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(saved, out_path)
     print_summary(saved)
-    print(f"saved {len(saved['doc_id'])} samples to {out_path}")
+    print(f"saved {len(saved['doc_id'])} samples of {family} ({model_dir}) to {out_path}")
     return saved
 
 

@@ -38,7 +38,7 @@ class VisionTokens:
         vocab = tokenizer.get_vocab()
         missing = [t for t in _VISION_TOKENS[:2] + ("<|image_pad|>",) if t not in vocab]
         if missing:
-            raise ValueError(f"tokenizer lacks the Qwen2-VL vision tokens {missing}")
+            raise ValueError(f"tokenizer lacks the Qwen VL vision tokens {missing}")
         banned = tuple(vocab[t] for t in _VISION_TOKENS + _OTHER_VISION_SPECIALS if t in vocab)
         return cls(vocab["<|vision_start|>"], vocab["<|vision_end|>"], vocab["<|image_pad|>"], banned)
 

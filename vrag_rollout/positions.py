@@ -1,7 +1,9 @@
-"""Qwen2-VL multimodal rope (mrope) position ids, pure torch.
+"""Multimodal rope (mrope) position ids of the Qwen VL families, pure torch.
 
 The trainer's actor recomputes positions with the model's own ``get_rope_index``; positions the
 rollout hands back must match it exactly, including sequences built turn by turn (``start``).
+For still images Qwen2-VL, Qwen2.5-VL and Qwen3-VL share this rule (see ``families``); the tests
+compare it with each family's own ``get_rope_index``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each prompt is rendered with the chat template, its images expanded to their processor grids in
 `input_ids` (left-padded to `prompt_length`), with `raw_prompt_ids` holding one pad per image as
-the engine wants, and Qwen2-VL position ids in the (bs, 4, P) layout: the text row, then mrope.
+the engine wants, and mrope position ids in the (bs, 4, P) layout: the text row, then mrope.
 """
 
 from __future__ import annotations

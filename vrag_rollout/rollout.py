@@ -22,6 +22,7 @@ from .batch import BatchSpec, collect_metrics, episode_columns, response_positio
 from .config import AgentRolloutConfig
 from .engine import ContinuousEngine, VLLMEngine, build_llm
 from .episode import Episode
+from .families import detect_family
 from .observation import ObservationBuilder, VisionTokens
 from .prompt_images import engine_images, image_key, prompt_entries
 from .protocol import object_array
@@ -44,6 +45,8 @@ class vLLMRollout(BaseRollout):
         self.config = AgentRolloutConfig.from_any(config)
         if self.config.response_length < 1 or self.config.prompt_length < 1:
             raise ValueError("prompt_length and response_length must be set (> 0) in the rollout config")
+        # Before the engine starts: an unsupported model fails here, naming the supported families.
+        self.family = detect_family(model_path, processor)
         self.tokenizer = tokenizer
         self.processor = processor
         self.vision_tokens = VisionTokens.from_tokenizer(tokenizer)
@@ -255,6 +258,9 @@ class vLLMRollout(BaseRollout):
             non_tensors[key] = object_array([prompts.non_tensor_batch[key][ep.index // n] for ep in episodes])
         meta_out = dict(meta)
         meta_out["metrics"] = collect_metrics(episodes, self._client_stats(), elapsed)
+        meta_out["model_family"] = self.family.name
+        # Under a grammar vLLM's logprobs are those of the constrained distribution (README).
+        meta_out["action_grammar"] = bool(self.sampling.action_regex)
         return type(prompts)(
             batch=TensorDict(tensors, batch_size=[len(episodes)]),
             non_tensor_batch=non_tensors,
@@ -274,13 +280,11 @@ class vLLMRolloutAgent(vLLMRollout):
                  inference_engine: Any = None, retriever: Any = None, **kwargs: Any):
         super().__init__(model_path, config, tokenizer, processor, inference_engine=inference_engine, **kwargs)
         from .tools import Observer
-        from .vision import PixelBand
+        from .vision import page_band
 
         if processor is None:
             raise ValueError("vLLMRolloutAgent needs the model's processor (page grids must match the actor's)")
-        self.band = PixelBand.from_processor(
-            processor, min_pixels=self.config.page_min_pixels, max_pixels=self.config.page_max_pixels
-        )
+        self.band = page_band(processor, self.config.page_min_pixels, self.config.page_max_pixels)
         self.retriever = retriever or self._default_retriever()
         self.observer = Observer(self.observations, self.band)
 

@@ -1,8 +1,10 @@
-"""Build a tiny, randomly initialised Qwen2-VL model directory, offline and deterministically.
+"""Build a tiny, randomly initialised Qwen VL model directory, offline and deterministically.
 
-Tests and CPU benchmarks need a model that both transformers and vLLM load like the real
-Qwen2-VL (same architecture, tokenizer class, special tokens, chat template, image processor)
-but that is built in seconds without a model hub. Nothing here is trained beyond the tokenizer.
+Tests, the demo and CPU benchmarks need a model of each supported family (Qwen2-VL, Qwen2.5-VL,
+Qwen3-VL) that transformers and vLLM load like the released one (same architecture classes,
+tokenizer class, special tokens, chat template shape, image processor geometry) but that is built
+in seconds without a model hub. Nothing here is trained beyond the tokenizer. The per-family
+parts live in `tiny_families`; this module holds the tokenizer and the atomic, cached build.
 
 Special-token ids of this tokenizer differ from real Qwen: always look them up by name.
 """
@@ -16,12 +18,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .families import family_by_name
+from .tiny_families import QWEN2_CHAT_TEMPLATE as CHAT_TEMPLATE
+from .tiny_families import TINY_FAMILIES, TinyFamily
+
 # Bump when anything that changes the built files changes: old caches are then rebuilt.
 BUILDER_VERSION = 1
 MARKER_NAME = ".vrag_tiny_build.json"
 
-MIN_PIXELS = 4 * 28 * 28
-MAX_PIXELS = 256 * 28 * 28
 BPE_VOCAB_SIZE = 1024
 
 # Qwen2-VL's special tokens, in Qwen's own id order (they follow the BPE vocabulary).
@@ -40,38 +44,6 @@ SPECIAL_TOKENS = (
     "<|vision_pad|>",
     "<|image_pad|>",
     "<|video_pad|>",
-)
-
-# A Qwen2-VL style chat template (written for this project): images/videos render as
-# <|vision_start|><|image_pad|><|vision_end|>, one pad per image; the processor/vLLM expand it.
-CHAT_TEMPLATE = (
-    "{%- set image_count = namespace(value=0) -%}"
-    "{%- set video_count = namespace(value=0) -%}"
-    "{%- for message in messages -%}"
-    "{%- if loop.first and message['role'] != 'system' -%}"
-    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}"
-    "{{- message['content'] -}}"
-    "{%- else -%}"
-    "{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'image' or 'image' in part or 'image_url' in part -%}"
-    "{%- set image_count.value = image_count.value + 1 -%}"
-    "{%- if add_vision_id -%}{{- 'Picture ' + image_count.value|string + ': ' -}}{%- endif -%}"
-    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
-    "{%- elif part['type'] == 'video' or 'video' in part -%}"
-    "{%- set video_count.value = video_count.value + 1 -%}"
-    "{%- if add_vision_id -%}{{- 'Video ' + video_count.value|string + ': ' -}}{%- endif -%}"
-    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
-    "{%- elif 'text' in part -%}"
-    "{{- part['text'] -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
 _WORDS = (
@@ -102,7 +74,7 @@ def _corpus(seed: int) -> list[str]:
     return lines
 
 
-def _train_tokenizer(seed: int):
+def _train_tokenizer(seed: int, family: TinyFamily):
     """Byte-level BPE with Qwen2's normalizer/pre-tokenizer, wrapped as a Qwen2Tokenizer."""
     from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
     from tokenizers.models import BPE
@@ -139,10 +111,12 @@ def _train_tokenizer(seed: int):
         model_max_length=32768,
     )
     # Append the specials in Qwen's order (<|endoftext|> is already there, first), then make
-    # <|im_end|> the EOS as in Qwen2-VL-Instruct: chat turns end with it.
+    # <|im_end|> the EOS as in the Instruct models: chat turns end with it.
     tok.add_special_tokens({"extra_special_tokens": list(SPECIAL_TOKENS)})
+    if family.added_tokens:  # e.g. <tool_call>, <think>: whole tokens, but not special ones
+        tok.add_tokens(list(family.added_tokens))
     tok.eos_token = "<|im_end|>"
-    tok.chat_template = CHAT_TEMPLATE
+    tok.chat_template = family.chat_template
     return tok
 
 
@@ -150,62 +124,16 @@ def _special_ids(tok) -> dict[str, int]:
     return {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
 
 
-def _build_processor(tok):
-    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
-
-    size = {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}
-    image_processor = Qwen2VLImageProcessor(size=size, patch_size=14, temporal_patch_size=2, merge_size=2)
-    video_processor = Qwen2VLVideoProcessor(size=size, patch_size=14, temporal_patch_size=2, merge_size=2)
-    return Qwen2VLProcessor(
-        image_processor=image_processor,
-        tokenizer=tok,
-        video_processor=video_processor,
-        chat_template=CHAT_TEMPLATE,
-    )
-
-
-def _build_model(ids: dict[str, int], vocab_size: int, seed: int):
+def _build_model(family: TinyFamily, ids: dict[str, int], vocab_size: int, seed: int):
     import torch
-    from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    import transformers
+    from transformers import GenerationConfig
 
-    text_config = dict(
-        vocab_size=vocab_size,  # exactly len(tokenizer): padded ids would be undecodable
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,  # head_dim 32: a size vLLM's CPU attention backend accepts
-        num_key_value_heads=2,
-        max_position_embeddings=32768,
-        rms_norm_eps=1e-6,
-        # mrope_section must sum to head_dim / 2.
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 6, 6]},
-        bos_token_id=ids["<|endoftext|>"],
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
-    )
-    vision_config = dict(
-        depth=1,
-        embed_dim=64,
-        hidden_size=128,  # merger output = text hidden size
-        num_heads=4,
-        mlp_ratio=2,
-        in_channels=3,
-        patch_size=14,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-    )
-    config = Qwen2VLConfig(
-        text_config=text_config,
-        vision_config=vision_config,
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=False,
-    )
+    # vocab_size exactly len(tokenizer): padded ids would be undecodable.
+    config = family.build_config(ids, vocab_size)
     config.dtype = torch.float32
     torch.manual_seed(seed)
-    model = Qwen2VLForConditionalGeneration(config).to(torch.float32).eval()
+    model = getattr(transformers, family.model_class)(config).to(torch.float32).eval()
     model.generation_config = GenerationConfig(
         bos_token_id=ids["<|endoftext|>"],
         eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
@@ -218,70 +146,86 @@ def _build_model(ids: dict[str, int], vocab_size: int, seed: int):
     return model
 
 
-def _is_complete(out_dir: Path, seed: int) -> bool:
+def _is_complete(out_dir: Path, seed: int, family: str) -> bool:
     try:
         marker = json.loads((out_dir / MARKER_NAME).read_text())
     except (OSError, ValueError):
         return False
-    return marker.get("builder_version") == BUILDER_VERSION and marker.get("seed") == seed
+    return (
+        marker.get("builder_version") == BUILDER_VERSION
+        and marker.get("seed") == seed
+        and marker.get("family", "qwen2-vl") == family
+    )
 
 
-def _write_marker(dir_: Path, seed: int) -> None:
+def _write_marker(dir_: Path, seed: int, family: str) -> None:
     files = sorted(p.name for p in dir_.iterdir())
-    payload = json.dumps({"builder_version": BUILDER_VERSION, "seed": seed, "files": files}, indent=1)
+    record = {"builder_version": BUILDER_VERSION, "seed": seed, "files": files}
+    if family != "qwen2-vl":  # Qwen2-VL's marker keeps its original shape (cached builds stay valid)
+        record["family"] = family
     tmp = dir_ / (MARKER_NAME + ".tmp")
-    tmp.write_text(payload)
+    tmp.write_text(json.dumps(record, indent=1))
     os.replace(tmp, dir_ / MARKER_NAME)  # atomic: the marker exists only once all files do
 
 
-def _build_into(dir_: Path, seed: int) -> None:
-    tok = _train_tokenizer(seed)
+def _build_into(dir_: Path, seed: int, family: str) -> None:
+    spec = TINY_FAMILIES[family]
+    tok = _train_tokenizer(seed, spec)
     ids = _special_ids(tok)
     assert len(set(ids.values())) == len(SPECIAL_TOKENS), ids
-    processor = _build_processor(tok)
-    model = _build_model(ids, vocab_size=len(tok), seed=seed)
+    processor = spec.build_processor(tok, spec, spec.pixel_band())
+    model = _build_model(spec, ids, vocab_size=len(tok), seed=seed)
     model.save_pretrained(dir_, safe_serialization=True)
     processor.save_pretrained(dir_)
-    _write_marker(dir_, seed)
+    _write_marker(dir_, seed, family)
 
 
-def build_tiny_qwen2vl(out_dir: str | Path, *, seed: int = 0) -> Path:
-    """Build (or reuse) a tiny random Qwen2-VL in ``out_dir``; returns the directory path.
+def build_tiny_model(out_dir: str | Path, family: str = "qwen2-vl", *, seed: int = 0) -> Path:
+    """Build (or reuse) a tiny random model of ``family`` in ``out_dir``; returns the directory.
 
-    Idempotent: a directory holding a complete build of this builder version and seed is
-    returned as is. Otherwise the model is built in a sibling temp dir and moved into place,
+    Idempotent: a directory holding a complete build of this builder version, family and seed
+    is returned as is. Otherwise the model is built in a sibling temp dir and moved into place,
     so readers never see a half-written directory and a crashed build is simply redone.
     """
+    family = family_by_name(family).name  # a clear error for unknown names
     out_dir = Path(out_dir).expanduser().resolve()
-    if _is_complete(out_dir, seed):
+    if _is_complete(out_dir, seed, family):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.build-", dir=out_dir.parent))
     try:
-        _build_into(tmp, seed)
+        _build_into(tmp, seed, family)
         if out_dir.exists():
-            if _is_complete(out_dir, seed):  # a concurrent builder finished first
+            if _is_complete(out_dir, seed, family):  # a concurrent builder finished first
                 return out_dir
-            shutil.rmtree(out_dir)  # stale or half-built
+            shutil.rmtree(out_dir)  # stale, half-built or another family
         try:
             os.replace(tmp, out_dir)
         except OSError:
             # Lost a race with another builder that created out_dir meanwhile.
-            if not _is_complete(out_dir, seed):
+            if not _is_complete(out_dir, seed, family):
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 
-def default_model_dir() -> Path:
-    """``$VRAG_ROLLOUT_CACHE/tiny-qwen2vl-v<N>``, else ``~/.cache/vrag-rollout/tiny-qwen2vl-v<N>``."""
+def build_tiny_qwen2vl(out_dir: str | Path, *, seed: int = 0) -> Path:
+    """The tiny Qwen2-VL (``build_tiny_model(out_dir, "qwen2-vl")``)."""
+    return build_tiny_model(out_dir, "qwen2-vl", seed=seed)
+
+
+def default_model_dir(family: str = "qwen2-vl") -> Path:
+    """``$VRAG_ROLLOUT_CACHE/tiny-<family>-v<N>``, else ``~/.cache/vrag-rollout/tiny-<family>-v<N>``,
+    the family written without dashes and dots (``tiny-qwen2vl-v1``, ``tiny-qwen25vl-v1``)."""
     root = os.environ.get("VRAG_ROLLOUT_CACHE")
     base = Path(root).expanduser() if root else Path.home() / ".cache" / "vrag-rollout"
-    return base / f"tiny-qwen2vl-v{BUILDER_VERSION}"
+    slug = family_by_name(family).name.replace("-", "").replace(".", "")
+    return base / f"tiny-{slug}-v{BUILDER_VERSION}"
 
 
-if __name__ == "__main__":  # python -m vrag_rollout.tiny_model [DIR]
+if __name__ == "__main__":  # python -m vrag_rollout.tiny_model [FAMILY [DIR]]
     import sys
 
-    print(build_tiny_qwen2vl(sys.argv[1] if len(sys.argv) > 1 else default_model_dir()))
+    name = sys.argv[1] if len(sys.argv) > 1 else "qwen2-vl"
+    print(build_tiny_model(sys.argv[2] if len(sys.argv) > 2 else default_model_dir(name), name))

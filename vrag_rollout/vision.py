@@ -75,7 +75,7 @@ class PixelBand:
 
     @classmethod
     def from_processor(cls, processor: Any, min_pixels: int | None = None, max_pixels: int | None = None) -> PixelBand:
-        """Band from a Qwen2-VL processor or image processor, optionally narrowed.
+        """Band from a Qwen VL processor or image processor, optionally narrowed.
 
         The band must lie inside the processor's own [min_pixels, max_pixels]: the actor
         re-processes pages with that processor, and only sizes inside its band are left
@@ -98,6 +98,27 @@ class PixelBand:
             merge_size=int(ip.merge_size),
             temporal_patch_size=int(ip.temporal_patch_size),
         )
+
+
+def page_band(processor: Any, min_pixels: int | None = None, max_pixels: int | None = None) -> PixelBand:
+    """The band result pages are resized into, for this model's processor.
+
+    Pixel counts that are given are used as they are (and must lie inside the processor's own
+    band). One that is not given defaults to DEFAULT_PAGE_MIN/MAX_TOKENS visual tokens of this
+    model, i.e. times its (patch * merge)^2, clipped into the processor's own band: a Qwen3-VL
+    page then gets as many tokens as a Qwen2-VL page, not 30% fewer.
+    """
+    from .config import DEFAULT_PAGE_MAX_TOKENS, DEFAULT_PAGE_MIN_TOKENS
+
+    ip = getattr(processor, "image_processor", None) or processor
+    p_min, p_max = _processor_pixel_limits(ip)
+    unit = (int(ip.patch_size) * int(ip.merge_size)) ** 2
+    if max_pixels is None:
+        floor = p_min if min_pixels is None else min_pixels
+        max_pixels = max(floor, min(p_max, DEFAULT_PAGE_MAX_TOKENS * unit))
+    if min_pixels is None:
+        min_pixels = min(max_pixels, max(p_min, DEFAULT_PAGE_MIN_TOKENS * unit))
+    return PixelBand.from_processor(processor, min_pixels=min_pixels, max_pixels=max_pixels)
 
 
 def _field(obj: Any, key: str) -> Any:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import torch
+import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl
+import transformers.models.qwen2_vl.modeling_qwen2_vl
+import transformers.models.qwen3_vl.modeling_qwen3_vl
 from PIL import Image, ImageDraw
 
 from vrag_rollout import vLLMRolloutAgent
-from vrag_rollout.demo import demo_config, demo_questions
+from vrag_rollout.demo import demo_config, demo_page_band, demo_questions
 from vrag_rollout.prompts import PromptSample, build_prompt_batch
 
 
@@ -29,7 +32,7 @@ def sample_prompts(count: int, with_images: bool = True) -> list[PromptSample]:
 
 
 def make_agent(model_dir, processor, llm, retriever, **overrides) -> vLLMRolloutAgent:
-    config = demo_config(**overrides)
+    config = demo_config(**{**demo_page_band(processor), **overrides})
     return vLLMRolloutAgent(str(model_dir), config, processor.tokenizer, processor, inference_engine=llm, retriever=retriever)
 
 
@@ -49,13 +52,14 @@ def processor_grids(processor, images) -> torch.Tensor | None:
 
 
 def hf_rope_index(processor, model_dir, input_ids, attention_mask, grids) -> torch.Tensor:
-    """transformers' own Qwen2-VL get_rope_index for one sample: (3, L)."""
+    """transformers' own get_rope_index of the model's family (Qwen2VLModel, Qwen2_5_VLModel,
+    Qwen3VLModel, picked by the config's model_type) for one sample: (3, L)."""
     from transformers import AutoConfig
-    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
 
     key = str(model_dir)
     if key not in _MODELS:
-        _MODELS[key] = Qwen2VLModel(AutoConfig.from_pretrained(model_dir)).eval()
+        config = AutoConfig.from_pretrained(model_dir)
+        _MODELS[key] = ROPE_CLASSES[config.model_type](config).eval()
     model = _MODELS[key]
     image_pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     types = (input_ids == image_pad).int()
@@ -66,3 +70,9 @@ def hf_rope_index(processor, model_dir, input_ids, attention_mask, grids) -> tor
 
 
 _MODELS: dict = {}
+# Written out here, not taken from vrag_rollout.families: the oracle must not come from the code under test.
+ROPE_CLASSES = {
+    "qwen2_vl": transformers.models.qwen2_vl.modeling_qwen2_vl.Qwen2VLModel,
+    "qwen2_5_vl": transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.Qwen2_5_VLModel,
+    "qwen3_vl": transformers.models.qwen3_vl.modeling_qwen3_vl.Qwen3VLModel,
+}

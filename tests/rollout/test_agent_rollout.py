@@ -1,8 +1,10 @@
-"""End to end: real vLLM, the tiny Qwen2-VL, retrieval replayed from the recorded fixture.
+"""End to end, for every model family: real vLLM, the family's tiny model, retrieval replayed
+from the recorded fixture.
 
-One rollout (module fixture) is checked from every side: the EasyR1 output contract, the real
-verl DataProto round trip, and two independent oracles (transformers' get_rope_index for the
-position ids, the processor's feature count for the image tokens).
+One rollout per family (module fixture, parametrized) is checked from every side: the EasyR1
+output contract, the real verl DataProto round trip, and two independent oracles (the family's own
+transformers get_rope_index for the position ids, the processor's feature count for the image
+tokens).
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ BATCH = 6
 
 
 @pytest.fixture(scope="module")
-def rollout(tiny_model_dir, tiny_processor, tiny_llm):
+def rollout(family_model):
     retriever = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))
-    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, retriever, n=N)
-    prompts = prompt_batch(tiny_processor, sample_prompts(BATCH), agent, proto_cls=verl_protocol.DataProto)
+    fm = family_model
+    agent = make_agent(fm.model_dir, fm.processor, fm.llm, retriever, n=N)
+    assert agent.family.name == fm.family
+    prompts = prompt_batch(fm.processor, sample_prompts(BATCH), agent, proto_cls=verl_protocol.DataProto)
     trainer_view = prompts.non_tensor_batch["doc_id"].copy()
     output = agent.generate_sequences(prompts)
     return agent, prompts, output, trainer_view
@@ -81,8 +85,9 @@ def test_episodes_really_search_and_fetch(rollout):
     assert sum(output.non_tensor_batch["num_searches"]) == metrics["rollout/searches"]
 
 
-def test_mrope_rows_equal_transformers_get_rope_index(rollout, tiny_processor, tiny_model_dir):
+def test_mrope_rows_equal_transformers_get_rope_index(rollout, family_model):
     _, _, output, _ = rollout
+    tiny_processor, tiny_model_dir = family_model.processor, family_model.model_dir
     batch = output.batch
     for row in range(len(output)):
         mask = batch["attention_mask"][row]
@@ -96,8 +101,9 @@ def test_mrope_rows_equal_transformers_get_rope_index(rollout, tiny_processor, t
         assert torch.all(torch.diff(got[0, int(valid.nonzero()[0]) :]) == 1)  # padding continues too
 
 
-def test_image_features_equal_image_pad_tokens(rollout, tiny_processor):
+def test_image_features_equal_image_pad_tokens(rollout, family_model):
     _, _, output, _ = rollout
+    tiny_processor = family_model.processor
     image_pad = tiny_processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     merge = tiny_processor.image_processor.merge_size
     saw_retrieved = False
@@ -114,8 +120,9 @@ def test_image_features_equal_image_pad_tokens(rollout, tiny_processor):
     assert saw_retrieved
 
 
-def test_observation_tokens_carry_no_loss(rollout, tiny_processor):
+def test_observation_tokens_carry_no_loss(rollout, family_model):
     _, _, output, _ = rollout
+    tiny_processor = family_model.processor
     tokenizer = tiny_processor.tokenizer
     vision = {tokenizer.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")}
     for row in range(len(output)):
@@ -163,17 +170,24 @@ def test_union_with_the_trainers_batch(rollout):
     assert torch.equal(merged.batch["responses"], output.batch["responses"])
 
 
-def test_live_server_reproduces_the_recorded_rollout(rollout, tiny_model_dir, tiny_processor, tiny_llm, tmp_path_factory):
+@pytest.fixture(scope="session")
+def live_index(tmp_path_factory):
+    """The sample corpus indexed from scratch, once per session."""
+    from vrag_rollout.demo import prepare_index
+
+    return prepare_index(tmp_path_factory.mktemp("live-retriever"))
+
+
+def test_live_server_reproduces_the_recorded_rollout(rollout, family_model, live_index):
     """The same rollout against the real retriever server, on an index built from scratch,
     equals the replayed one: the fixture file is a faithful, current recording."""
     from retriever_server.testing import serve_in_thread
-    from vrag_rollout.demo import prepare_index
 
     _, _, replayed, _ = rollout
-    index_dir = prepare_index(tmp_path_factory.mktemp("live-retriever"))
-    with serve_in_thread(index_dir) as url, RetrieverClient(url) as client:
-        agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=N)
-        prompts = prompt_batch(tiny_processor, sample_prompts(BATCH), agent, proto_cls=verl_protocol.DataProto)
+    fm = family_model
+    with serve_in_thread(live_index) as url, RetrieverClient(url) as client:
+        agent = make_agent(fm.model_dir, fm.processor, fm.llm, client, n=N)
+        prompts = prompt_batch(fm.processor, sample_prompts(BATCH), agent, proto_cls=verl_protocol.DataProto)
         live = agent.generate_sequences(prompts)
         assert live.meta_info["metrics"]["retriever/calls"] > 0
     assert torch.equal(live.batch["responses"], replayed.batch["responses"])
@@ -181,13 +195,14 @@ def test_live_server_reproduces_the_recorded_rollout(rollout, tiny_model_dir, ti
     assert [list(p) for p in live.non_tensor_batch["page_ids"]] == [list(p) for p in replayed.non_tensor_batch["page_ids"]]
 
 
-def test_continuous_schedule_gives_the_same_episodes(rollout, tiny_model_dir, tiny_processor, tiny_llm):
+def test_continuous_schedule_gives_the_same_episodes(rollout, family_model):
     """Continuous batching changes when each sample runs, not what it samples: per-sample seeds
     make the episodes identical to the turn-synchronized ones."""
     _, _, replayed, _ = rollout
+    fm = family_model
     client = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))
-    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=N, rollout_mode="continuous")
-    prompts = prompt_batch(tiny_processor, sample_prompts(BATCH), agent, proto_cls=verl_protocol.DataProto)
+    agent = make_agent(fm.model_dir, fm.processor, fm.llm, client, n=N, rollout_mode="continuous")
+    prompts = prompt_batch(fm.processor, sample_prompts(BATCH), agent, proto_cls=verl_protocol.DataProto)
     continuous = agent.generate_sequences(prompts)
     for key in ("responses", "loss_mask", "position_ids", "attention_mask"):
         assert torch.equal(continuous.batch[key], replayed.batch[key]), key

@@ -32,7 +32,7 @@ def test_build_is_idempotent_and_redoes_half_built_dirs(tmp_path, monkeypatch):
     out = build_tiny_qwen2vl(tmp_path / "m")
     before = _digests(out)
     calls = []
-    monkeypatch.setattr(tiny_model, "_build_into", lambda d, seed: calls.append(d))
+    monkeypatch.setattr(tiny_model, "_build_into", lambda d, seed, family: calls.append(d))
     assert build_tiny_qwen2vl(out) == out and calls == []  # complete: reused
     monkeypatch.undo()
 

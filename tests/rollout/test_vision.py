@@ -1,4 +1,5 @@
-"""vision.py against the real Qwen2-VL image processor (the oracle for grids and token counts)."""
+"""vision.py against the real Qwen VL image processor (the oracle for grids and token counts), in
+Qwen2/2.5-VL geometry (patch 14) and Qwen3-VL geometry (patch 16, 32 px a merged token)."""
 
 from __future__ import annotations
 
@@ -15,19 +16,31 @@ from hypothesis import strategies as st
 from PIL import Image, ImageDraw
 from transformers import Qwen2VLImageProcessor
 
-from vrag_rollout.vision import ImageDecodeError, PageImage, PixelBand, decode_base64_image, decode_page, fit_to_band
+from vrag_rollout.vision import (
+    ImageDecodeError,
+    PageImage,
+    PixelBand,
+    decode_base64_image,
+    decode_page,
+    fit_to_band,
+    page_band,
+)
 
 P = 28 * 28
 TINY_BAND = PixelBand(4 * P, 256 * P)  # the tiny model's own processor band
 ROLLOUT_BAND = PixelBand(256 * P, 512 * P)  # VRAG's page band
+P3 = 32 * 32
+QWEN3_BAND = PixelBand(256 * P3, 512 * P3, patch_size=16)  # the same band in Qwen3-VL tokens
 
-_processors: dict[tuple[int, int], Qwen2VLImageProcessor] = {}
+_processors: dict[tuple[int, int, int], Qwen2VLImageProcessor] = {}
 
 
 def processor_for(band: PixelBand) -> Qwen2VLImageProcessor:
-    key = (band.min_pixels, band.max_pixels)
+    key = (band.min_pixels, band.max_pixels, band.patch_size)
     if key not in _processors:
-        _processors[key] = Qwen2VLImageProcessor(size={"shortest_edge": key[0], "longest_edge": key[1]})
+        _processors[key] = Qwen2VLImageProcessor(
+            size={"shortest_edge": key[0], "longest_edge": key[1]}, patch_size=band.patch_size
+        )
     return _processors[key]
 
 
@@ -37,16 +50,16 @@ def processed(image: Image.Image, band: PixelBand) -> tuple[tuple[int, int, int]
 
 
 bands = st.one_of(
-    st.sampled_from([TINY_BAND, ROLLOUT_BAND]),
-    st.tuples(st.integers(1, 400), st.integers(1, 400)).map(lambda t: _band_or_none(min(t) * P, max(t) * P)).filter(
-        lambda b: b is not None
-    ),
+    st.sampled_from([TINY_BAND, ROLLOUT_BAND, QWEN3_BAND]),
+    st.tuples(st.integers(1, 400), st.integers(1, 400), st.sampled_from([14, 16])).map(
+        lambda t: _band_or_none(min(t[:2]) * (2 * t[2]) ** 2, max(t[:2]) * (2 * t[2]) ** 2, t[2])
+    ).filter(lambda b: b is not None),
 )
 
 
-def _band_or_none(lo: int, hi: int) -> PixelBand | None:
+def _band_or_none(lo: int, hi: int, patch: int = 14) -> PixelBand | None:
     try:
-        return PixelBand(lo, hi)
+        return PixelBand(lo, hi, patch_size=patch)
     except ValueError:  # e.g. [281, 281] merged patches: only a 1x281 strip, ratio > 200
         return None
 
@@ -67,13 +80,15 @@ def sizes(draw):
 @example(size=(5873, 34), band=ROLLOUT_BAND)
 @example(size=(1, 1), band=TINY_BAND)
 @example(size=(13, 2600), band=TINY_BAND)  # a side under half a patch
+@example(size=(1100, 850), band=QWEN3_BAND)
 def test_grid_matches_the_processor(size, band):
     h, w = size
     image = Image.new("RGB", (w, h), (200, 180, 160))
     page = fit_to_band(image, band)
     assert page.image.mode == "RGB"
     assert page.grid_thw[0] == 1
-    assert (page.image.height, page.image.width) == (page.grid_thw[1] * 14, page.grid_thw[2] * 14)
+    patch = band.patch_size
+    assert (page.image.height, page.image.width) == (page.grid_thw[1] * patch, page.grid_thw[2] * patch)
 
     # What the actor does: re-process the page we send. Must be a fixed point: same grid.
     grid, rows = processed(page.image, band)
@@ -84,7 +99,7 @@ def test_grid_matches_the_processor(size, band):
     # re-processing (it does not for a few extreme strips; then only the fixed point matters).
     try:
         orig_grid, _ = processed(image, band)
-        own = image.resize((orig_grid[2] * 14, orig_grid[1] * 14))
+        own = image.resize((orig_grid[2] * patch, orig_grid[1] * patch))
         stable = processed(own, band)[0] == orig_grid
     except ValueError:  # the processor refuses ratios > 200
         stable = False
@@ -178,6 +193,21 @@ def test_band_from_processor(tiny_model_dir):
     ip16 = Qwen2VLImageProcessor(size={"shortest_edge": 1024, "longest_edge": 1024 * 64}, patch_size=16)
     band = PixelBand.from_processor(ip16)
     assert (band.patch_size, band.factor, band.min_pixels, band.max_pixels) == (16, 32, 1024, 65536)
+
+
+def test_page_band_defaults_to_the_same_token_band_in_every_geometry():
+    """Unset bounds mean 256..512 visual tokens of the model itself, inside the processor's band."""
+    wide = {"shortest_edge": 4 * 1024, "longest_edge": 16384 * 1024}
+    ip14 = Qwen2VLImageProcessor(size=wide, patch_size=14)
+    ip16 = Qwen2VLImageProcessor(size=wide, patch_size=16)
+    assert page_band(ip14) == PixelBand(256 * P, 512 * P)
+    assert page_band(ip16) == PixelBand(256 * P3, 512 * P3, patch_size=16)
+    assert page_band(ip16, max_pixels=300 * P3) == PixelBand(256 * P3, 300 * P3, patch_size=16)
+    assert page_band(ip16, min_pixels=600 * P3) == PixelBand(600 * P3, 600 * P3, patch_size=16)
+    narrow = Qwen2VLImageProcessor(size={"shortest_edge": 4 * P, "longest_edge": 300 * P})
+    assert page_band(narrow) == PixelBand(256 * P, 300 * P)  # clipped into the processor's own band
+    with pytest.raises(ValueError, match="inside the image processor's own band"):
+        page_band(narrow, max_pixels=400 * P)  # an explicit bound is never clipped silently
 
 
 def test_band_from_transformers4_style_processor():

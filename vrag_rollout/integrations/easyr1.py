@@ -200,18 +200,20 @@ def swap_rollout_schema(schema: Any, rollout_cls: type) -> Any:
 
 
 def check_pixel_bands(data_min: Optional[int], data_max: Optional[int],
-                      page_min: int, page_max: int) -> list:
+                      page_min: Optional[int], page_max: Optional[int]) -> list:
     """Problems with the page pixel band versus EasyR1's `data.min_pixels`/`data.max_pixels`.
 
     EasyR1's actor passes every image of `multi_modal_data` through `process_image(img,
     data.min_pixels, data.max_pixels)` before its image processor. A retrieved page the agent
     sized outside that band would be resized again and get another grid than the one its
     `<|image_pad|>` run was built for ("Image features and image tokens do not match").
+    An unset page bound (the model's default, known once the processor is) is checked by the
+    rollout itself, which narrows its band to the trainer's on every call.
     """
     problems = []
-    if data_max is not None and page_max > data_max:
+    if data_max is not None and page_max is not None and page_max > data_max:
         problems.append(f"worker.rollout.page_max_pixels ({page_max}) > data.max_pixels ({data_max})")
-    if data_min is not None and page_min < data_min:
+    if data_min is not None and page_min is not None and page_min < data_min:
         problems.append(f"worker.rollout.page_min_pixels ({page_min}) < data.min_pixels ({data_min})")
     return problems
 

@@ -1,0 +1,124 @@
+"""The model families the rollout serves, and how a model is recognised as one of them.
+
+Contract: a model is served only if its config's `model_type` belongs to a family listed here;
+anything else fails at construction with a message naming the supported families. A family
+states only what its config and processor do not: its name, its processor class (EasyR1 picks
+its position function by that name), the position-id layout EasyR1's dataset builds for it, and
+which transformers model class owns its `get_rope_index` (the oracle the tests compare against).
+Everything numeric (patch size, merge size, pixel band, token ids) is read from the model's own
+processor and tokenizer at run time, never from this table.
+
+Position rule: for still images the three Qwen VL families share one mrope rule (an image's
+merged patches at (t, h, w) offsets from the next text position; text resumes one past their
+maximum), so `positions.rope_positions` serves all of them; videos, where they differ (Qwen3-VL
+uses per-frame timestamps), are not part of an agent episode (the engine admits 0 videos).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+
+class UnsupportedModelError(ValueError):
+    """The model is not of a family this rollout serves (the message lists the supported ones)."""
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    name: str  # what users type: --family qwen2.5-vl
+    model_types: tuple[str, ...]  # config.json `model_type` values of this family
+    processor_class: str  # the family's processor class in transformers
+    rope_model_class: str  # "module:Class" whose get_rope_index is this family's own
+    position_rows: int = 4  # EasyR1's layout: the text row, then the mrope t/h/w rows
+
+    def rope_model(self) -> type:
+        """The transformers class holding this family's own `get_rope_index`."""
+        import importlib
+
+        module, _, cls = self.rope_model_class.partition(":")
+        return getattr(importlib.import_module(module), cls)
+
+
+QWEN2_VL = ModelFamily(
+    name="qwen2-vl",
+    model_types=("qwen2_vl",),
+    processor_class="Qwen2VLProcessor",
+    rope_model_class="transformers.models.qwen2_vl.modeling_qwen2_vl:Qwen2VLModel",
+)
+QWEN2_5_VL = ModelFamily(
+    name="qwen2.5-vl",
+    model_types=("qwen2_5_vl",),
+    processor_class="Qwen2_5_VLProcessor",
+    rope_model_class="transformers.models.qwen2_5_vl.modeling_qwen2_5_vl:Qwen2_5_VLModel",
+)
+QWEN3_VL = ModelFamily(
+    name="qwen3-vl",
+    model_types=("qwen3_vl", "qwen3_vl_moe"),
+    processor_class="Qwen3VLProcessor",
+    rope_model_class="transformers.models.qwen3_vl.modeling_qwen3_vl:Qwen3VLModel",
+)
+FAMILIES: tuple[ModelFamily, ...] = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)
+FAMILY_NAMES: tuple[str, ...] = tuple(family.name for family in FAMILIES)
+
+
+def _supported() -> str:
+    return ", ".join(f"{f.name} (model_type {' / '.join(f.model_types)})" for f in FAMILIES)
+
+
+def family_by_name(name: str) -> ModelFamily:
+    for family in FAMILIES:
+        if family.name == name:
+            return family
+    raise UnsupportedModelError(f"unknown model family {name!r}; supported: {', '.join(FAMILY_NAMES)}")
+
+
+def family_of_model_type(model_type: Optional[str]) -> ModelFamily:
+    for family in FAMILIES:
+        if model_type in family.model_types:
+            return family
+    raise UnsupportedModelError(
+        f"model_type {model_type!r} is not supported by vrag-rollout; supported families: {_supported()}. "
+        "(Qwen3.5 and other natively multimodal models are not supported yet; see README, 'Model families'.)"
+    )
+
+
+def _model_type(model_path: Any) -> Optional[str]:
+    """`model_type` from a local checkpoint's config.json, or None when there is none to read."""
+    config = Path(str(model_path)) / "config.json"
+    try:
+        return json.loads(config.read_text())["model_type"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _family_of_processor(processor: Any) -> Optional[ModelFamily]:
+    name = type(processor).__name__
+    for family in FAMILIES:
+        if name in (family.processor_class, family.processor_class + "Fast"):
+            return family
+    return None
+
+
+def detect_family(model_path: Any = None, processor: Any = None, model_type: Optional[str] = None) -> ModelFamily:
+    """The family of a model, from its config's `model_type` (an explicit one, else the local
+    checkpoint's config.json), else from the processor class; the two must agree when both are
+    known, since a processor of another family computes other image grids than the engine."""
+    model_type = model_type or (_model_type(model_path) if model_path is not None else None)
+    from_processor = _family_of_processor(processor) if processor is not None else None
+    if model_type is not None:
+        family = family_of_model_type(model_type)
+        if processor is not None and from_processor not in (None, family):
+            raise UnsupportedModelError(
+                f"the model is {family.name} (model_type {model_type!r}) but the processor is a "
+                f"{type(processor).__name__} ({from_processor.name}): load the model's own processor"
+            )
+        return family
+    if from_processor is not None:
+        return from_processor
+    raise UnsupportedModelError(
+        f"cannot tell the model family of {model_path!r} (no readable config.json and processor "
+        f"{type(processor).__name__}); supported families: {_supported()}"
+    )

@@ -1,0 +1,175 @@
+"""Per-family parts of the tiny offline models: chat template, processor, and model config.
+
+Each family is built from its own transformers classes (config, model, processor, image and
+video processors) so that transformers and vLLM load it exactly as they load the released
+checkpoints; only the sizes are tiny. The sizes respect what vLLM's CPU backend accepts: a text
+head_dim of 32 (16 is refused) and an `mrope_section` summing to head_dim / 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+# Chat templates written for this project in the shape of each family's released one: images
+# render as <|vision_start|><|image_pad|><|vision_end|>, one pad per image (the processor and
+# vLLM expand it). Qwen2-VL and Qwen2.5-VL open with a default system turn; Qwen3-VL does not.
+_CONTENT_PARTS = (
+    "{%- if message['content'] is string -%}"
+    "{{- message['content'] -}}"
+    "{%- else -%}"
+    "{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' or 'image' in part or 'image_url' in part -%}"
+    "{%- set image_count.value = image_count.value + 1 -%}"
+    "{%- if add_vision_id -%}{{- 'Picture ' + image_count.value|string + ': ' -}}{%- endif -%}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'video' or 'video' in part -%}"
+    "{%- set video_count.value = video_count.value + 1 -%}"
+    "{%- if add_vision_id -%}{{- 'Video ' + video_count.value|string + ': ' -}}{%- endif -%}"
+    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
+    "{%- elif 'text' in part -%}"
+    "{{- part['text'] -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+)
+
+
+def _chat_template(default_system: bool) -> str:
+    system = (
+        "{%- if loop.first and message['role'] != 'system' -%}"
+        "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' -}}"
+        "{%- endif -%}"
+        if default_system
+        else ""
+    )
+    return (
+        "{%- set image_count = namespace(value=0) -%}"
+        "{%- set video_count = namespace(value=0) -%}"
+        "{%- for message in messages -%}"
+        + system
+        + "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+        + _CONTENT_PARTS
+        + "{{- '<|im_end|>\\n' -}}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+    )
+
+
+QWEN2_CHAT_TEMPLATE = _chat_template(default_system=True)
+QWEN3_CHAT_TEMPLATE = _chat_template(default_system=False)
+
+# Text sizes shared by every family: head_dim 32 with mrope sections (t, h, w) summing to 16.
+_TEXT = dict(
+    intermediate_size=256,
+    num_hidden_layers=2,
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-6,
+)
+_MROPE = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 6, 6]}
+
+
+@dataclass(frozen=True)
+class TinyFamily:
+    name: str  # the ModelFamily name
+    patch_size: int  # vision patch in pixels; one merged token covers (patch * merge)^2
+    chat_template: str
+    added_tokens: tuple[str, ...]  # non-special added tokens of the released tokenizer
+    build_processor: Callable[[Any, "TinyFamily", dict], Any]
+    build_config: Callable[[dict, int], Any]
+    model_class: str  # transformers class name of the generation model
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * 2
+
+    def pixel_band(self) -> dict:
+        """The tiny processor's own band: 4 to 256 merged tokens a picture."""
+        return {"shortest_edge": 4 * self.factor**2, "longest_edge": 256 * self.factor**2}
+
+
+def _qwen2_processor(tok: Any, family: TinyFamily, size: dict) -> Any:
+    import transformers
+    from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+
+    geometry = dict(patch_size=family.patch_size, temporal_patch_size=2, merge_size=2)
+    processor_cls = getattr(transformers, "Qwen2_5_VLProcessor" if family.name == "qwen2.5-vl" else "Qwen2VLProcessor")
+    return processor_cls(
+        image_processor=Qwen2VLImageProcessor(size=size, **geometry),
+        tokenizer=tok,
+        video_processor=Qwen2VLVideoProcessor(size=size, **geometry),
+        chat_template=family.chat_template,
+    )
+
+
+def _qwen3_processor(tok: Any, family: TinyFamily, size: dict) -> Any:
+    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
+
+    geometry = dict(patch_size=family.patch_size, temporal_patch_size=2, merge_size=2)
+    return Qwen3VLProcessor(
+        image_processor=Qwen2VLImageProcessor(size=size, **geometry),
+        tokenizer=tok,
+        video_processor=Qwen3VLVideoProcessor(size=size, **geometry),
+        chat_template=family.chat_template,
+    )
+
+
+def _token_ids(ids: dict) -> dict:
+    return dict(
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+
+
+def _text_ids(ids: dict) -> dict:
+    return dict(bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+
+
+def _qwen2_vl_config(ids: dict, vocab_size: int) -> Any:
+    from transformers import Qwen2VLConfig
+
+    text = dict(_TEXT, vocab_size=vocab_size, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+                rope_parameters=dict(_MROPE), **_text_ids(ids))
+    vision = dict(depth=1, embed_dim=64, hidden_size=128, num_heads=4, mlp_ratio=2, in_channels=3,
+                  patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+    return Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **_token_ids(ids))
+
+
+def _qwen2_5_vl_config(ids: dict, vocab_size: int) -> Any:
+    from transformers import Qwen2_5_VLConfig
+
+    text = dict(_TEXT, vocab_size=vocab_size, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+                rope_parameters=dict(_MROPE), **_text_ids(ids))
+    # Two blocks: one with window attention and one with full attention, as the released model mixes them.
+    vision = dict(depth=2, fullatt_block_indexes=[1], window_size=112, hidden_size=64, intermediate_size=128,
+                  num_heads=4, out_hidden_size=128, in_channels=3, patch_size=14, spatial_merge_size=2,
+                  temporal_patch_size=2, hidden_act="silu")
+    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **_token_ids(ids))
+
+
+def _qwen3_vl_config(ids: dict, vocab_size: int) -> Any:
+    from transformers import Qwen3VLConfig
+
+    text = dict(_TEXT, vocab_size=vocab_size, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
+                head_dim=32, rope_parameters=dict(_MROPE, mrope_interleaved=True), **_text_ids(ids))
+    # deepstack_visual_indexes: the first vision block also feeds the text layers, as in the release.
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                  num_position_embeddings=256, deepstack_visual_indexes=[0], in_channels=3, patch_size=16,
+                  spatial_merge_size=2, temporal_patch_size=2)
+    return Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **_token_ids(ids))
+
+
+TINY_FAMILIES: dict[str, TinyFamily] = {
+    family.name: family
+    for family in (
+        TinyFamily("qwen2-vl", 14, QWEN2_CHAT_TEMPLATE, (), _qwen2_processor, _qwen2_vl_config,
+                   "Qwen2VLForConditionalGeneration"),
+        TinyFamily("qwen2.5-vl", 14, QWEN2_CHAT_TEMPLATE, ("<tool_call>", "</tool_call>"), _qwen2_processor,
+                   _qwen2_5_vl_config, "Qwen2_5_VLForConditionalGeneration"),
+        TinyFamily("qwen3-vl", 16, QWEN3_CHAT_TEMPLATE,
+                   ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"),
+                   _qwen3_processor, _qwen3_vl_config, "Qwen3VLForConditionalGeneration"),
+    )
+}
