@@ -5,8 +5,10 @@ PY := .venv/bin/python
 setup:
 	bash scripts/setup.sh
 
+FAMILY ?= qwen2-vl
+
 demo: setup
-	.venv/bin/vrag-rollout demo
+	.venv/bin/vrag-rollout demo --family $(FAMILY)
 
 test: setup
 	$(PY) -m pytest

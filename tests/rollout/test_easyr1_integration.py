@@ -27,6 +27,8 @@ from vrag_rollout.integrations import easyr1 as glue
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "easyr1_vrag.yaml"
+# Every example trainer config: Qwen2.5-VL-7B (EXAMPLE) and Qwen3-VL-4B.
+EXAMPLES = sorted((REPO / "examples").glob("easyr1_vrag*.yaml"))
 
 # Field names of EasyR1's config dataclasses at b44b311 (verl/trainer/config.py, workers/*/config.py).
 EASYR1_SECTIONS = {
@@ -73,8 +75,16 @@ def test_structured_agent_config_runs_validation_on_to_object():
         OmegaConf.to_object(merged)
 
 
-def test_example_yaml_rollout_section_loads_into_agent_config():
-    raw = OmegaConf.load(EXAMPLE)
+def test_there_is_an_example_per_documented_model():
+    names = {path.name for path in EXAMPLES}
+    assert {"easyr1_vrag.yaml", "easyr1_vrag_qwen3vl_4b.yaml"} <= names
+    models = {OmegaConf.load(path).worker.actor.model.model_path for path in EXAMPLES}
+    assert {"Qwen/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen3-VL-4B-Instruct"} <= models
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
+def test_example_yaml_rollout_section_loads_into_agent_config(example):
+    raw = OmegaConf.load(example)
     merged = OmegaConf.merge(OmegaConf.structured(AgentRolloutConfig), raw.worker.rollout)
     config = OmegaConf.to_object(merged)
     assert config.name == glue.AGENT_ROLLOUT_NAME
@@ -87,8 +97,9 @@ def test_example_yaml_rollout_section_loads_into_agent_config():
                                   config.page_min_pixels, config.page_max_pixels) == []
 
 
-def test_example_yaml_other_sections_use_easyr1_keys_only():
-    raw = OmegaConf.to_container(OmegaConf.load(EXAMPLE))
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
+def test_example_yaml_other_sections_use_easyr1_keys_only(example):
+    raw = OmegaConf.to_container(OmegaConf.load(example))
     assert set(raw) <= set(EASYR1_SECTIONS)
     for section, keys in EASYR1_SECTIONS.items():
         unknown = set(raw.get(section, {})) - keys
