@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from vrag_rollout.engine import configure_cpu_defaults, create_llm
+from vrag_rollout.engine import SAMPLED_LOGPROBS_MODE, configure_cpu_defaults, create_llm
 from vrag_rollout.families import FAMILY_NAMES
 from vrag_rollout.tiny_model import build_tiny_model, build_tiny_qwen2vl, default_model_dir
 
@@ -48,6 +48,7 @@ def engines():
                 enforce_eager=True,
                 limit_mm_per_prompt={"image": 8, "video": 0},
                 seed=0,
+                logprobs_mode=SAMPLED_LOGPROBS_MODE,  # as build_llm builds the rollout's engine
             )
         return started[key]
 

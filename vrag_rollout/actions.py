@@ -3,6 +3,18 @@
 A turn ends in one of four ways, reported by the engine: a tool stop string (`</search>` or
 `</fetch>`), EOS, the token budget, or an abort. Only the text is parsed here; the token ids the
 policy sampled are kept verbatim elsewhere.
+
+What a policy really writes, and what it means (the tests run these on real engine output):
+- an answer completed before a tool call in the same turn (`<answer>a</answer><search>q</search>`):
+  the answer ends the episode; the call is not executed;
+- text after `</answer>` up to EOS: the last complete answer counts, the rest is ignored;
+- an unterminated `<answer>` or tool tag at EOS: no action, the episode ends with "eos"; at the
+  length limit it ends with "length" (nothing half-written is executed);
+- the engine reporting a tool stop string the text does not contain: the body runs to the end
+  of the text (the engine did stop there), never one character short;
+- an empty query, a fetch that cannot be read or a page below 1: an error observation for the
+  policy to correct (counted as an invalid action); a page past the document's end is the
+  retriever's to refuse (counted apart from retriever failures).
 """
 
 from __future__ import annotations
@@ -81,7 +93,12 @@ def _parse_tool_call(text: str, stop: str, fetch_modes: Sequence[str]) -> Action
     tag = "search" if stop == SEARCH_STOP else "fetch"
     # A stop string may complete inside a token that carries characters after it: cut there.
     end = text.rfind(stop)
+    if end < 0:  # reported but not in the text: the engine stopped at the text's end
+        end = len(text)
     start = text.rfind(f"<{tag}>", 0, end)
+    answers = list(_ANSWER.finditer(text, 0, start if start >= 0 else end))
+    if answers:  # the policy answered before calling the tool: the answer ends the episode
+        return Answer(answers[-1].group(1).strip())
     if start < 0:
         return Invalid(f"<{tag}> is missing before </{tag}>; write <{tag}>...</{tag}>.")
     body = text[start + len(tag) + 2 : end].strip()

@@ -105,6 +105,12 @@ class AgentRolloutConfig:
             problems.append(f"rollout_mode must be one of {ROLLOUT_MODES}, got {self.rollout_mode!r}")
         if str(self.position_ids_layout) not in POSITION_LAYOUTS:
             problems.append(f"position_ids_layout must be one of {POSITION_LAYOUTS}")
+        budget = self.prompt_length + self.response_length
+        if self.max_model_len is not None and self.prompt_length > 0 and self.response_length > 0 and self.max_model_len < budget:
+            problems.append(
+                f"max_model_len {self.max_model_len} < prompt_length + response_length = {budget}: vLLM would "
+                "reject a long episode mid-batch"
+            )
         if self.retriever_retries < 0 or self.retriever_timeout <= 0:
             problems.append("retriever_retries must be >= 0 and retriever_timeout > 0")
         if problems:

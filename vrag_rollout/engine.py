@@ -46,6 +46,18 @@ def sleep_mode_available() -> bool:
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
+# Logprobs of the distribution actually sampled from (after the logit bias that bans vision tokens
+# and the temperature): what the actor's temperature-scaled logprobs are compared with.
+SAMPLED_LOGPROBS_MODE = "processed_logprobs"
+
+
+def engine_limits(llm: Any) -> tuple[Optional[int], Optional[str]]:
+    """(max_model_len, logprobs_mode) of a `vllm.LLM`; None for what an engine does not expose."""
+    model_config = getattr(getattr(llm, "llm_engine", None), "model_config", None)
+    max_len = getattr(model_config, "max_model_len", None)
+    mode = getattr(model_config, "logprobs_mode", None)
+    return (int(max_len) if isinstance(max_len, int) else None), (str(mode) if isinstance(mode, str) else None)
+
 
 def _breaks_kernel_scan(value: Any) -> bool:
     try:
@@ -109,6 +121,7 @@ def build_llm(model_path: str, config: Any, max_images: int) -> Any:
         enable_chunked_prefill=config.enable_chunked_prefill,
         disable_log_stats=True,
         limit_mm_per_prompt={"image": max_images, "video": 0},
+        logprobs_mode=SAMPLED_LOGPROBS_MODE,
     )
     from vllm.platforms import current_platform
 

@@ -3,8 +3,9 @@
 Contract: a model is served only if its config's `model_type` belongs to a family listed here;
 anything else fails at construction with a message naming the supported families. A family
 states only what its config and processor do not: its name, its processor class (EasyR1 picks
-its position function by that name), the position-id layout EasyR1's dataset builds for it, and
-which transformers model class owns its `get_rope_index` (the oracle the tests compare against).
+its position function by that name) and which transformers model class owns its
+`get_rope_index`. The position-id layout is the one EasyR1's dataset builds for every family
+(text row + 3 mrope rows); the rollout follows the layout of the prompts it is given.
 Everything numeric (patch size, merge size, pixel band, token ids) is read from the model's own
 processor and tokenizer at run time, never from this table.
 
@@ -31,15 +32,8 @@ class ModelFamily:
     name: str  # what users type: --family qwen2.5-vl
     model_types: tuple[str, ...]  # config.json `model_type` values of this family
     processor_class: str  # the family's processor class in transformers
-    rope_model_class: str  # "module:Class" whose get_rope_index is this family's own
-    position_rows: int = 4  # EasyR1's layout: the text row, then the mrope t/h/w rows
-
-    def rope_model(self) -> type:
-        """The transformers class holding this family's own `get_rope_index`."""
-        import importlib
-
-        module, _, cls = self.rope_model_class.partition(":")
-        return getattr(importlib.import_module(module), cls)
+    # "module:Class" whose get_rope_index is this family's own: the positions must equal it.
+    rope_model_class: str
 
 
 QWEN2_VL = ModelFamily(

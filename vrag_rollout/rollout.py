@@ -17,16 +17,18 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 from tensordict import TensorDict
 
-from .actions import TOOL_STOPS, Answer, Fetch, Invalid, Search, Stop, parse_action
+from . import step
+from .actions import TOOL_STOPS, Fetch, Search
 from .batch import BatchSpec, collect_metrics, episode_columns, response_position_ids, response_tensors
 from .config import AgentRolloutConfig
-from .engine import ContinuousEngine, VLLMEngine, build_llm
+from .engine import SAMPLED_LOGPROBS_MODE, ContinuousEngine, VLLMEngine, build_llm, engine_limits
 from .episode import Episode
 from .families import detect_family
+from .group_sync import LocalSync, sync_for
 from .observation import ObservationBuilder, VisionTokens
 from .prompt_images import engine_images, image_key, prompt_entries
 from .protocol import object_array
-from .sampling import SamplingPlan, overrides_from_meta, request_seed
+from .sampling import SamplingPlan, data_parallel_rank, overrides_from_meta, request_seed
 
 
 class BaseRollout(ABC):
@@ -41,7 +43,8 @@ class vLLMRollout(BaseRollout):
     stop_strings: Sequence[str] = ()
 
     def __init__(self, model_path: str, config: Any, tokenizer: Any, processor: Any = None, *,
-                 inference_engine: Any = None, **kwargs: Any):
+                 inference_engine: Any = None, data_parallel_rank: Optional[int] = None,
+                 group_sync: Any = None, **kwargs: Any):
         self.config = AgentRolloutConfig.from_any(config)
         if self.config.response_length < 1 or self.config.prompt_length < 1:
             raise ValueError("prompt_length and response_length must be set (> 0) in the rollout config")
@@ -52,6 +55,9 @@ class vLLMRollout(BaseRollout):
         self.vision_tokens = VisionTokens.from_tokenizer(tokenizer)
         self.max_images = self.config.images_per_sample()
         self.inference_engine = inference_engine or build_llm(model_path, self.config, self.max_images)
+        self.logprobs_mode = _check_engine_limits(self.config, self.inference_engine)
+        # The ranks of a tensor-parallel group must see identical tool outcomes (group_sync.py).
+        self.sync = group_sync or sync_for(self.config.tensor_parallel_size) or LocalSync()
         self.engine = VLLMEngine(self.inference_engine)
         self.sampling = SamplingPlan(
             self.config,
@@ -65,6 +71,8 @@ class vLLMRollout(BaseRollout):
         )
         self.merge_size = _merge_size(processor)
         self._step = 0  # rollout calls so far: part of every request seed
+        # Also part of every seed: the same prompt on two data-parallel ranks gets other noise.
+        self.dp_rank = data_parallel_rank if data_parallel_rank is not None else _dp_rank(self.config)
 
     @contextmanager
     def update_sampling_params(self, **kwargs: Any) -> Iterator[None]:
@@ -108,7 +116,11 @@ class vLLMRollout(BaseRollout):
     def _run_continuous(self, episodes: list[Episode]) -> None:
         """Each sample moves on as soon as its own turn or tool call finishes (vLLM continuous
         batching); tool calls finishing in the same engine step share one retriever batch, and
-        one batch is in flight while the engine keeps generating for the other samples."""
+        one batch is in flight while the engine keeps generating for the other samples.
+
+        Only the sync's source rank calls the retriever; before every engine step it alone
+        decides whether the batch in flight has come back, and every rank applies that decision,
+        so all ranks submit the same requests at the same steps."""
         engine = ContinuousEngine(self.inference_engine)
         turns = {ep.index: 0 for ep in episodes}
 
@@ -120,7 +132,7 @@ class vLLMRollout(BaseRollout):
         for episode in episodes:
             submit(episode)
         waiting: list = []
-        inflight = None  # (future, calls)
+        inflight = None  # (future on the source rank, else None; calls)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tools") as tools:
             while engine.busy or waiting or inflight:
                 for episode, output in engine.step() if engine.busy else []:
@@ -130,61 +142,48 @@ class vLLMRollout(BaseRollout):
                     elif not episode.done:  # corrected an invalid action: on to the next turn
                         turns[episode.index] += 1
                         submit(episode)
-                if inflight is not None and (inflight[0].done() or not engine.busy):
+                if inflight is not None:
                     future, calls = inflight
-                    inflight = None
-                    self._apply_tools(calls, future.result())
-                    for episode, _ in calls:
-                        turns[episode.index] += 1
-                        submit(episode)
+                    busy = engine.busy
+                    outcomes = self.sync.share(lambda: future.result() if future.done() or not busy else None)
+                    if outcomes is not None:
+                        inflight = None
+                        self._apply_tools(calls, self._observe_outcomes(calls, outcomes))
+                        for episode, _ in calls:
+                            turns[episode.index] += 1
+                            submit(episode)
                 if inflight is None and waiting:
-                    inflight = (tools.submit(self._execute_tools, waiting), waiting)
+                    future = tools.submit(self._tool_outcomes, waiting) if self.sync.is_source else None
+                    inflight = (future, waiting)
                     waiting = []
 
-    # ---- one turn of one sample ----
+    # ---- one turn of one sample (the shared, pure step) ----
     def _ready(self, episode: Episode) -> bool:
-        """Whether the sample generates again (ends it on an exhausted budget)."""
-        if not episode.done and episode.remaining <= 0:
-            episode.finish("length")
-        return not episode.done
+        return step.ready(episode)
 
     def _request(self, episode: Episode, turn: int) -> tuple:
-        seed = request_seed(self.sampling.seed, self._step, episode.index, turn)
+        seed = request_seed(self.sampling.seed, self._step, episode.index, turn, self.dp_rank)
         return episode.engine_prompt(), self.sampling.params(episode.remaining, seed)
 
     def _after_generation(self, episode: Episode, output: Any, turn: int) -> Any:
         """Append the sampled tokens and settle the action; returns it when it needs the retriever."""
-        episode.append_sampled(output.token_ids, output.logprobs)
-        action = parse_action(output.text, output.finish_reason, output.stop_reason, self.config.fetch_modes)
-        return action if self._settle(episode, action, last_turn=turn == self.max_turns - 1) else None
-
-    def _settle(self, episode: Episode, action: Any, last_turn: bool) -> bool:
-        """End the episode or answer it directly; True when the action needs the retriever."""
-        if isinstance(action, Answer):
-            episode.answer = action.text
-            episode.finish("answered")
-        elif isinstance(action, Stop):
-            episode.finish(action.reason)
-        else:
-            if isinstance(action, Invalid):
-                episode.invalid_actions += 1
-            if last_turn:
-                episode.finish("max_turns")
-            elif isinstance(action, Invalid):
-                self._observe(episode, self.observations.error(action.message, episode.remaining))
-            else:
-                return True
-        return False
-
-    def _observe(self, episode: Episode, observation: Any) -> None:
-        if observation is None or not episode.append_observation(observation):
-            episode.finish("budget")
+        return step.after_generation(
+            episode, output, last_turn=turn == self.max_turns - 1,
+            fetch_modes=self.config.fetch_modes, observations=self.observations,
+        )
 
     def _before_rollout(self, meta: dict) -> None:
         pass
 
     def _execute_tools(self, calls: list) -> list:
+        """Observations for a batch of tool calls: the source rank's outcomes, decoded here."""
+        return self._observe_outcomes(calls, self.sync.share(lambda: self._tool_outcomes(calls)))
+
+    def _tool_outcomes(self, calls: list) -> list:
         raise RuntimeError("this rollout has no tools")  # no stop strings: tool calls cannot occur
+
+    def _observe_outcomes(self, calls: list, outcomes: list) -> list:
+        raise RuntimeError("this rollout has no tools")
 
     def _apply_tools(self, calls: list, results: list) -> None:
         raise RuntimeError("this rollout has no tools")
@@ -261,6 +260,8 @@ class vLLMRollout(BaseRollout):
         meta_out["model_family"] = self.family.name
         # Under a grammar vLLM's logprobs are those of the constrained distribution (README).
         meta_out["action_grammar"] = bool(self.sampling.action_regex)
+        if self.config.calculate_log_probs:
+            meta_out["rollout_log_probs_mode"] = self.logprobs_mode or "unknown"
         return type(prompts)(
             batch=TensorDict(tensors, batch_size=[len(episodes)]),
             non_tensor_batch=non_tensors,
@@ -335,12 +336,15 @@ class vLLMRolloutAgent(vLLMRollout):
         stats = getattr(self.retriever, "stats", None)
         return stats.snapshot() if stats is not None else {}
 
-    def _execute_tools(self, calls: list) -> list:
-        """Retriever requests and page decoding for a batch of calls (no episode is changed)."""
+    def _tool_outcomes(self, calls: list) -> list:
+        """The retriever's outcomes (pages or failures) for a batch of calls; pure I/O."""
         from .tools import ToolCall, call_retriever
 
         requests = [ToolCall(i, action, episode.doc_id) for i, (episode, action) in enumerate(calls)]
-        outcomes = call_retriever(requests, self.retriever, self.config.top_n)
+        return call_retriever(requests, self.retriever, self.config.top_n)
+
+    def _observe_outcomes(self, calls: list, outcomes: list) -> list:
+        """Pages decoded and observations built for each call (no episode is changed)."""
         return self.observer.observe_turn(
             [(action, outcome, episode.remaining, episode.image_slots) for (episode, action), outcome in zip(calls, outcomes)]
         )
@@ -353,7 +357,7 @@ class vLLMRolloutAgent(vLLMRollout):
                 episode.fetches += 1
             episode.retriever_errors += int(result.retriever_error)
             episode.undecodable_pages += result.decode_errors
-            self._observe(episode, result.observation)
+            step.observe(episode, result.observation)
 
 
 def narrowed_band(band: Any, min_pixels: Optional[int], max_pixels: Optional[int]) -> Any:
@@ -366,6 +370,29 @@ def narrowed_band(band: Any, min_pixels: Optional[int], max_pixels: Optional[int
             f"image band [{min_pixels}, {max_pixels}]: set page_min_pixels/page_max_pixels inside it"
         )
     return dataclasses.replace(band, min_pixels=low, max_pixels=high)
+
+
+def _dp_rank(config: AgentRolloutConfig) -> int:
+    return data_parallel_rank(config.tensor_parallel_size)
+
+
+def _check_engine_limits(config: AgentRolloutConfig, llm: Any) -> Optional[str]:
+    """Refuse, before any rollout, what the engine would reject mid-batch or report wrongly;
+    returns the engine's logprobs mode."""
+    max_len, mode = engine_limits(llm)
+    budget = config.prompt_length + config.response_length
+    if max_len is not None and max_len < budget:
+        raise ValueError(
+            f"the engine's max_model_len {max_len} < prompt_length + response_length = {budget}: vLLM would "
+            "reject a long episode mid-batch and lose the batch; raise max_model_len or lower the lengths"
+        )
+    if config.calculate_log_probs and mode not in (None, SAMPLED_LOGPROBS_MODE) and config.temperature != 1.0:
+        raise ValueError(
+            f"calculate_log_probs at temperature {config.temperature} needs an engine built with "
+            f"logprobs_mode={SAMPLED_LOGPROBS_MODE!r} (this one reports {mode!r}: logprobs before temperature, "
+            "which disagree with the actor's)"
+        )
+    return mode
 
 
 def _merge_size(processor: Any) -> int:

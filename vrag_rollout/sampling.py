@@ -23,14 +23,18 @@ def sampling_field_names() -> frozenset:
     return frozenset(name for name in SamplingParams.__struct_fields__ if not name.startswith("_"))
 
 
-def request_seed(base_seed: Optional[int], step: int, sample: int, turn: int) -> Optional[int]:
-    """A seed unique to (rollout step, sample, turn) derived from the config seed; None stays None.
+def request_seed(base_seed: Optional[int], step: int, sample: int, turn: int, rank: int = 0) -> Optional[int]:
+    """A seed unique to (data-parallel rank, rollout step, sample, turn) derived from the config
+    seed; None stays None.
 
-    Reusing the config seed for every copy of a prompt would give n identical samples.
+    Reusing the config seed for every copy of a prompt would give n identical samples; `sample`
+    is an index within this rank's shard, so the rank keeps the same prompt on two data-parallel
+    ranks from getting the same noise.
     """
     if base_seed is None:
         return None
-    digest = hashlib.blake2b(f"{base_seed}:{step}:{sample}:{turn}".encode(), digest_size=8).digest()
+    key = f"{base_seed}:{step}:{sample}:{turn}" + (f":dp{rank}" if rank else "")
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
@@ -84,6 +88,16 @@ class SamplingPlan:
 
             kwargs["structured_outputs"] = StructuredOutputsParams(regex=self.action_regex)
         return SamplingParams(**kwargs)
+
+
+def data_parallel_rank(tensor_parallel_size: int) -> int:
+    """This process's data-parallel rank: its global rank over the tensor-parallel group size
+    (ranks of one TP group are consecutive, as in EasyR1), 0 outside torch.distributed."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() // max(1, int(tensor_parallel_size))
+    return 0
 
 
 def overrides_from_meta(meta_info: Mapping[str, Any]) -> dict:

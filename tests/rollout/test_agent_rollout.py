@@ -26,7 +26,8 @@ from tests.rollout.agent_helpers import (
 from vrag_rollout.fixtures import FixtureTransport
 from vrag_rollout.retriever_client import RetrieverClient
 
-verl_protocol = pytest.importorskip("verl.protocol")
+# The trainer-side DataProto is part of the test extra: a missing one fails here, never skips.
+import verl.protocol as verl_protocol  # noqa: E402
 N = 2
 BATCH = 6
 
@@ -70,8 +71,9 @@ def test_output_contract(rollout):
     assert list(output.non_tensor_batch["doc_id"]) == list(np.repeat(prompts.non_tensor_batch["doc_id"], N))
 
 
-def test_episodes_really_search_and_fetch(rollout):
+def test_episodes_really_search_and_fetch(rollout, family_model):
     _, _, output, _ = rollout
+    tokenizer = family_model.processor.tokenizer
     metrics = output.meta_info["metrics"]
     assert metrics["rollout/searches"] > 0 and metrics["rollout/fetches"] > 0
     assert metrics["rollout/images_retrieved"] > 0
@@ -82,7 +84,12 @@ def test_episodes_really_search_and_fetch(rollout):
         for turn in turns:
             assert all(page.startswith(docs[row] + "_") for page in turn)  # searched its own document
     assert pages
-    assert sum(output.non_tensor_batch["num_searches"]) == metrics["rollout/searches"]
+    # Counted from the tokens themselves: an executed call is one followed by its result block.
+    for row in range(len(output)):
+        used = int(output.batch["response_mask"][row].sum())
+        text = tokenizer.decode(output.batch["responses"][row][:used].tolist())
+        assert output.non_tensor_batch["num_searches"][row] == text.count("</search><result>"), row
+        assert output.non_tensor_batch["num_fetches"][row] == text.count("</fetch><result>"), row
 
 
 def test_mrope_rows_equal_transformers_get_rope_index(rollout, family_model):

@@ -8,7 +8,6 @@ import torch
 from vrag_rollout.actions import Fetch, Search
 from vrag_rollout.batch import BatchSpec, response_position_ids
 from vrag_rollout.episode import Episode
-from vrag_rollout.positions import rope_positions
 from vrag_rollout.retriever_client import RetrievedPage
 from vrag_rollout.tools import ToolCall, call_retriever
 
@@ -49,9 +48,14 @@ def test_layouts(rows, layout, expected_rows):
     out = response_position_ids(positions, mask, [episode_with_image()], spec)
     assert out.shape == (1, expected_rows, 25)
     rope = out[0, -3:]
-    # the response starts one past the prompt's largest position (2), image grids continue it
-    expected = rope_positions(episode_with_image().response_ids, [(1, 4, 4)], image_pad_id=PAD, start=3)
-    assert torch.equal(rope[:, 5:14], expected)
+    # Worked by hand from the mrope rule: the response starts one past the prompt's largest
+    # position (2); the 2x2 merged patches of the (1, 4, 4) image sit at 6 + (t, h, w) offsets;
+    # text after it resumes at their maximum (7) + 1.
+    #            5  6  VS  pads (t,h,w)   VE 7
+    expected = [[3, 4, 5, 6, 6, 6, 6, 8, 9],
+                [3, 4, 5, 6, 6, 7, 7, 8, 9],
+                [3, 4, 5, 6, 7, 6, 7, 8, 9]]
+    assert rope[:, 5:14].tolist() == expected
     assert torch.all(torch.diff(rope[:, 13:], dim=-1) == 1)  # padding continues by one
     if expected_rows == 4:
         assert torch.equal(out[0, 0, 2:], torch.arange(23))  # the text row counts every token

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -107,16 +108,28 @@ class _FreeLastTurn(vLLMRolloutAgent):
         return prompt, params
 
 
+# The tokens the rollout bans with a -100 logit bias, named independently of the code under test.
+BANNED = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+          "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>")
+TEMPERATURE = 0.7  # not 1: the logprobs must be those of the temperature-scaled distribution
+
+
 def test_rollout_logprobs_equal_a_transformers_forward_pass(family_model):
+    """The distribution actually sampled from: the model's logits, the ban on vision tokens, the
+    temperature, computed by transformers from the finished batch and compared token by token."""
     fm = family_model
     retriever = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))
-    base = make_agent(fm.model_dir, fm.processor, fm.llm, retriever, n=2, max_turns=3, calculate_log_probs=True)
+    base = make_agent(fm.model_dir, fm.processor, fm.llm, retriever, n=2, max_turns=3, calculate_log_probs=True,
+                      temperature=TEMPERATURE)
     agent = _FreeLastTurn(str(fm.model_dir), base.config, fm.processor.tokenizer, fm.processor,
                           inference_engine=fm.llm, retriever=retriever)
     agent.free_from = {}
     prompts = prompt_batch(fm.processor, sample_prompts(4), agent)
     output = agent.generate_sequences(prompts)
     assert output.meta_info["action_grammar"] is True and output.meta_info["model_family"] == fm.family
+    assert output.meta_info["rollout_log_probs_mode"] == "processed_logprobs"
+    bias = torch.zeros(len(fm.processor.tokenizer))
+    bias[[fm.processor.tokenizer.convert_tokens_to_ids(token) for token in BANNED]] = -100.0
 
     model = AutoModelForImageTextToText.from_pretrained(fm.model_dir, dtype=torch.float32).eval()
     image_pad = fm.processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
@@ -131,7 +144,7 @@ def test_rollout_logprobs_equal_a_transformers_forward_pass(family_model):
         if images:
             inputs.update(fm.processor.image_processor(images=images, return_tensors="pt"))
         with torch.no_grad():
-            logprobs = torch.log_softmax(model(**inputs).logits[0].float(), dim=-1)
+            logprobs = torch.log_softmax((model(**inputs).logits[0].float() + bias) / TEMPERATURE, dim=-1)
         prompt_len = int(output.batch["attention_mask"][row][:width].sum())
         loss = output.batch["loss_mask"][row]
         for j in range(start, int(output.batch["response_mask"][row].sum())):
@@ -144,3 +157,27 @@ def test_rollout_logprobs_equal_a_transformers_forward_pass(family_model):
         after_pages += int((output.batch["responses"][row][:start] == image_pad).any())
     assert compared > 20 and after_pages > 0, (compared, after_pages)  # free turns that follow retrieved pages
     assert max(gaps) < 1e-3, f"max gap {max(gaps):.2e} over {compared} tokens"
+
+
+class _EngineStub:
+    """Only what the rollout reads of an engine at construction."""
+
+    def __init__(self, max_model_len, logprobs_mode):
+        self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(max_model_len=max_model_len,
+                                                                       logprobs_mode=logprobs_mode))
+
+
+def test_engine_limits_are_checked_at_construction(tiny_model_dir, tiny_processor):
+    def build(engine, **overrides):
+        config = AgentRolloutConfig(**{"prompt_length": 384, "response_length": 768, **overrides})
+        return vLLMRolloutAgent(str(tiny_model_dir), config, tiny_processor.tokenizer, tiny_processor,
+                                inference_engine=engine, retriever=object())
+
+    with pytest.raises(ValueError, match="max_model_len 1000 < prompt_length \\+ response_length = 1152"):
+        build(_EngineStub(1000, "processed_logprobs"))
+    with pytest.raises(ValueError, match="max_model_len 1000 < prompt_length"):
+        AgentRolloutConfig(prompt_length=384, response_length=768, max_model_len=1000)
+    with pytest.raises(ValueError, match="logprobs_mode='processed_logprobs'"):
+        build(_EngineStub(2048, "raw_logprobs"), calculate_log_probs=True, temperature=0.7)
+    assert build(_EngineStub(2048, "raw_logprobs"), calculate_log_probs=True, temperature=1.0).logprobs_mode == "raw_logprobs"
+    assert build(_EngineStub(1152, "processed_logprobs"), calculate_log_probs=True, temperature=0.7)

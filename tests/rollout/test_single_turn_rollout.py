@@ -49,3 +49,28 @@ def test_logprobs_sit_on_sampled_tokens_only(tiny_model_dir, tiny_processor, tin
     assert torch.all(logprobs[mask] <= 0) and torch.any(logprobs[mask] < 0)
     assert torch.all(logprobs[~mask] == 0)
 
+
+
+def test_data_parallel_ranks_sample_the_same_prompt_differently(tiny_model_dir, tiny_processor, tiny_llm):
+    """Sample indices are shard-local: without the rank in the seed, the same prompt on two
+    data-parallel ranks would get the same noise."""
+    outputs = {}
+    for name, rank in (("rank0", 0), ("rank1", 1), ("rank1_again", 1)):
+        config = AgentRolloutConfig(n=2, seed=7, prompt_length=384, response_length=32)
+        rollout = vLLMRollout(str(tiny_model_dir), config, tiny_processor.tokenizer, tiny_processor,
+                              inference_engine=tiny_llm, data_parallel_rank=rank)
+        outputs[name] = rollout.generate_sequences(prompt_batch(tiny_processor, sample_prompts(2), rollout))
+    responses = {name: out.batch["responses"] for name, out in outputs.items()}
+    assert torch.equal(responses["rank1"], responses["rank1_again"])
+    for row in range(4):
+        assert not torch.equal(responses["rank0"][row], responses["rank1"][row]), f"row {row}"
+
+
+def test_the_data_parallel_rank_comes_from_torch_distributed(tiny_model_dir, tiny_processor, tiny_llm, monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda: 5)
+    config = AgentRolloutConfig(prompt_length=384, response_length=32, tensor_parallel_size=2)
+    rollout = vLLMRollout(str(tiny_model_dir), config, tiny_processor.tokenizer, tiny_processor, inference_engine=tiny_llm)
+    assert rollout.dp_rank == 2  # global rank 5 in TP groups of 2: {0,1} {2,3} {4,5}

@@ -1,0 +1,45 @@
+"""Actions a policy really writes, on real vLLM output: each case is forced by a grammar that
+writes it on purpose, and the rollout must end or correct the episode as actions.py documents,
+never crash or stall the batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import SAMPLE_RETRIEVAL
+from tests.rollout.agent_helpers import make_agent, prompt_batch, sample_prompts
+from vrag_rollout.fixtures import FixtureTransport
+from vrag_rollout.retriever_client import RetrieverClient
+
+CASES = {
+    # grammar: (termination, searches, invalid actions per sample, text that must appear)
+    "answer_then_search": (r"<answer>[a-z]{2,5}</answer><search>battery life and Zigbee radio</search>", "answered", 0, 0, None),
+    "text_after_answer": (r"<answer>[a-z]{2,5}</answer>[a-z ]{3,10}", "answered", 0, 0, None),
+    "unterminated_tag_at_eos": (r"<search>[a-z ]{3,10}", "eos", 0, 0, None),
+    "unterminated_tag_at_length": (r"<search>[a-z]{900,1000}</search>", "length", 0, 0, None),
+    "empty_query": (r"<search></search>", "max_turns", 0, 2, "error: the search query is empty"),
+    "page_zero": (r"<fetch>image, 0</fetch>", "max_turns", 0, 2, "error: page numbers start at 1"),
+    "search_then_answer": (r"<search>battery life and Zigbee radio</search>|<answer>[a-z]{2,5}</answer>", None, None, 0, None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_policy_written_actions(case, tiny_model_dir, tiny_processor, tiny_llm):
+    regex, reason, searches, invalid, text = CASES[case]
+    client = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))
+    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=2, max_turns=2, action_regex=regex,
+                       response_length=128)
+    output = agent.generate_sequences(prompt_batch(tiny_processor, sample_prompts(2, with_images=False), agent))
+    columns, tokenizer = output.non_tensor_batch, tiny_processor.tokenizer
+    for row in range(len(output)):
+        used = int(output.batch["response_mask"][row].sum())
+        assert used <= agent.config.response_length
+        decoded = tokenizer.decode(output.batch["responses"][row][:used].tolist())
+        if reason is not None:
+            assert columns["termination_reason"][row] == reason, (case, decoded)
+        if searches is not None:
+            assert columns["num_searches"][row] == searches, (case, decoded)
+        if text is not None:
+            assert decoded.count(text) == 1, (case, decoded)  # corrected once, then the last turn ends it
+    assert output.meta_info["metrics"]["rollout/invalid_actions"] == invalid * len(output)
+    assert output.meta_info["metrics"]["rollout/retriever_errors"] == 0

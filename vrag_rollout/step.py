@@ -1,0 +1,70 @@
+"""One turn of one sample, pure: what the episode does after the engine returns its turn.
+
+Every schedule (turn-synchronized, continuous) calls exactly these two functions, so the episode
+logic cannot differ between them; neither touches the engine or the retriever.
+
+- `after_generation(episode, output, ...)`: appends the sampled tokens verbatim, reads the action
+  and settles it: the episode ends (answered, eos, length, abort, max_turns), or an invalid call
+  is corrected in place with an error observation, or the action is returned because it needs
+  the retriever.
+- `observe(episode, observation)`: appends a tool result whole, or ends the episode on its budget.
+
+Invariant: an episode ends with "length" only when the policy's own sampling hit the budget;
+when an observation fills the response to the last token the episode ends with "budget", so the
+final token of every "length" episode is a sampled one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from .actions import Answer, Fetch, Invalid, Search, Stop, parse_action
+from .episode import Episode
+from .observation import Observation, ObservationBuilder
+
+
+def after_generation(
+    episode: Episode,
+    output: Any,
+    *,
+    last_turn: bool,
+    fetch_modes: Sequence[str],
+    observations: ObservationBuilder,
+) -> Optional[Search | Fetch]:
+    """Append `output` (an engine.TurnOutput) and settle its action; returns it when it needs
+    the retriever, else None (the episode ended, or was corrected and may generate again)."""
+    episode.append_sampled(output.token_ids, output.logprobs)
+    action = parse_action(output.text, output.finish_reason, output.stop_reason, fetch_modes)
+    if isinstance(action, Answer):
+        episode.answer = action.text
+        episode.finish("answered")
+        return None
+    if isinstance(action, Stop):
+        episode.finish(action.reason)
+        return None
+    if isinstance(action, Invalid):
+        episode.invalid_actions += 1
+    if last_turn:
+        episode.finish("max_turns")
+        return None
+    if isinstance(action, Invalid):
+        observe(episode, observations.error(action.message, episode.remaining))
+        return None
+    return action
+
+
+def observe(episode: Episode, observation: Optional[Observation]) -> None:
+    """Append an observation whole; end the episode on its budget when it does not fit, or when
+    it leaves no room for the policy to sample again."""
+    if observation is None or not episode.append_observation(observation):
+        episode.finish("budget")
+    elif episode.remaining <= 0:
+        episode.finish("budget")
+
+
+def ready(episode: Episode) -> bool:
+    """Whether the sample generates again; an episode whose own sampling used the last token of
+    the budget ends with "length" here."""
+    if not episode.done and episode.remaining <= 0:
+        episode.finish("length")
+    return not episode.done
