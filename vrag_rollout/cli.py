@@ -16,7 +16,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="run a real agent rollout on vLLM against the embedded retriever")
-    demo.add_argument("--out", type=Path, default=Path("artifacts/demo_rollout.pt"), help="where to torch.save the batch")
+    demo.add_argument("--out", type=Path, default=Path("artifacts/demo_rollout.pt"), help="where to save the batch (docs/saved-batch.md); the HTML view goes beside it")
     demo.add_argument("--batch-size", type=int, default=4, help="number of questions (prompts)")
     demo.add_argument("--n", type=int, default=2, help="samples per question")
     demo.add_argument("--max-turns", type=int, default=4)
@@ -39,6 +39,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     build = commands.add_parser("build-tiny-model", help="build a tiny offline model of a family (demo and tests)")
     build.add_argument("out_dir", type=Path, nargs="?", default=None, help="default: the cache the demo uses")
     build.add_argument("--family", choices=FAMILY_NAMES, default="qwen2-vl")
+
+    check = commands.add_parser(
+        "check", help="verify a saved rollout batch (or a pickled trainer DataProto) against the model's own code"
+    )
+    check.add_argument("file", type=Path)
+    check.add_argument("--model", required=True, help="the model directory (its config, processor and weights)")
+    check.add_argument("--forward", action="store_true", help="also compare rollout logprobs with a forward pass")
+    check.add_argument("--forward-tolerance", type=float, default=1e-3, help="largest logprob gap that passes")
+
+    view = commands.add_parser("view", help="write a self-contained HTML page of a saved rollout batch")
+    view.add_argument("file", type=Path)
+    view.add_argument("-o", "--out", type=Path, required=True, help="the HTML file to write")
+    view.add_argument("--model", default=None,
+                      help="decode with this model's tokenizer (default: the batch's own token texts)")
 
     args = parser.parse_args(argv)
     # vLLM's CPU worker logs a warning on every generate call; keep the demo's output readable.
@@ -70,6 +84,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         print(build_tiny_model(args.out_dir or default_model_dir(args.family), args.family))
         return 0
+    if args.command == "check":
+        from .check import main as check_main
+
+        return check_main(str(args.file), args.model, forward=args.forward, forward_tolerance=args.forward_tolerance)
+    if args.command == "view":
+        from .view import main as view_main
+
+        return view_main(args.file, args.out, model_dir=args.model)
     return 2
 
 

@@ -50,6 +50,9 @@ class AgentRolloutConfig:
     # "dummy": weights arrive from the trainer's actor; "auto": load them from model_path.
     load_format: str = "dummy"
     enable_sleep_mode: bool = True  # ignored where the platform has no sleep mode (CPU)
+    # Return each sampled token's logprob under the distribution it was sampled from (vision-token
+    # ban and temperature applied; README "Logprobs"). Under action_regex they are the grammar-
+    # constrained distribution's, not the model's: meta_info["action_grammar"] says so.
     calculate_log_probs: bool = False
 
     # --- agent ---
@@ -79,6 +82,7 @@ class AgentRolloutConfig:
     # its own through vLLM's continuous batching, with tool calls overlapping generation.
     rollout_mode: str = "sync"
     # Optional regex that constrains each turn (vLLM structured outputs), e.g. for tiny policies.
+    # It also changes the rollout logprobs: vLLM masks the logits before computing them.
     action_regex: Optional[str] = None
 
     def __post_init__(self) -> None:

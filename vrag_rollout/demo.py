@@ -2,25 +2,17 @@
 
 Builds (once, cached) the tiny model of the chosen family (Qwen2-VL by default; or takes a local
 checkpoint of a supported family) and the sample corpus index, serves the index on loopback, runs
-a batch of episodes and saves the output batch with `torch.save`.
-
-Saved file (a plain dict; every tensor row is one sample, the n samples of a prompt adjacent):
-- tensors: `prompts` (B, P), `responses` (B, R), `input_ids` (B, P+R), `attention_mask` (B, P+R),
-  `response_mask` (B, R), `loss_mask` (B, R), `position_ids` (B, 4, P+R);
-- lists of length B: `doc_id`, `termination_reason`, `num_turns`, `num_searches`, `num_fetches`,
-  `page_ids` (per observation, a list of page ids `<doc>_<page>`), `image_grid_thw` (per image in
-  sequence order: prompt images then retrieved pages), `answer_text` (decoded sampled text);
-- `metrics`: the rollout's aggregated metrics; `config`: the rollout config used.
+a batch of episodes, saves the output batch in the saved-batch format (`saved_batch.py`,
+docs/saved-batch.md: tensors, page and prompt images as encoded bytes, columns, metrics, config,
+model family, pixel band), then verifies the file with the independent checker (`check.py`) and
+writes its HTML view (`view.py`) beside it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Optional
-
-import torch
 
 from .config import AgentRolloutConfig
 from .prompts import PromptSample, build_prompt_batch
@@ -167,54 +159,39 @@ def run_demo(out_path: Path, *, family: Optional[str] = None, model: Optional[st
         samples = demo_questions()[:batch_size]
         prompts = build_prompt_batch(tokenizer, processor, samples, config.prompt_length)
         output = agent.generate_sequences(prompts)
-    saved = to_saved_dict(output, processor, config)
-    out_path = Path(out_path)
+    return finish_demo(output, Path(out_path), processor=processor, model_dir=model_dir, config=config)
+
+
+def finish_demo(output: Any, out_path: Path, *, processor: Any, model_dir: Path, config: AgentRolloutConfig) -> dict:
+    """Save the batch, print one line per sample, check the saved file and write its view."""
+    from .check import run_check
+    from .saved_batch import save_rollout
+    from .view import write_html
+
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(saved, out_path)
-    print_summary(saved)
-    print(f"saved {len(saved['doc_id'])} samples of {family} ({model_dir}) to {out_path}")
-    return saved
+    save_rollout(output, out_path, processor=processor, model_path=model_dir, config=config)
+    print_summary(output)
+    print(f"saved {len(output)} samples of {output.meta_info.get('model_family')} ({model_dir}) to {out_path}")
+    report = run_check(out_path, model_dir)
+    print(report.human())
+    print(report.to_json())
+    html = write_html(out_path, out_path.with_suffix(".html"))
+    print(f"view: {html}")
+    return {"output": output, "report": report, "html": html}
 
 
-def to_saved_dict(output: Any, processor: Any, config: AgentRolloutConfig) -> dict:
-    tokenizer = processor.tokenizer
+def print_summary(output: Any) -> None:
     batch, columns = output.batch, output.non_tensor_batch
-    saved: dict[str, Any] = {key: batch[key].clone() for key in batch.keys()}
-    for key in ("doc_id", "termination_reason", "page_ids"):
-        saved[key] = [value for value in columns[key]]
-    for key in ("num_turns", "num_searches", "num_fetches"):
-        saved[key] = [int(value) for value in columns[key]]
-    saved["image_grid_thw"] = [_grids(item, processor) for item in columns["multi_modal_data"]]
-    sampled_text = []
-    for row in range(len(saved["doc_id"])):
-        sampled = batch["responses"][row][batch["loss_mask"][row].bool()]
-        sampled_text.append(tokenizer.decode(sampled.tolist(), skip_special_tokens=False))
-    saved["answer_text"] = sampled_text
-    saved["metrics"] = dict(output.meta_info.get("metrics", {}))
-    saved["config"] = dataclasses.asdict(config)
-    return saved
-
-
-def _grids(item: dict, processor: Any) -> list[list[int]]:
-    """The processor's own grid of every image the actor will see, in sequence order."""
-    images = next(iter(item.values()), [])
-    if not images:
-        return []
-    grids = processor.image_processor(images=images, return_tensors="pt")["image_grid_thw"]
-    return [[int(x) for x in grid] for grid in grids]
-
-
-def print_summary(saved: dict) -> None:
     header = f"{'#':>3} {'doc':<16} {'end':<10} {'turns':>5} {'srch':>4} {'ftch':>4} {'resp':>5} {'obs':>5}  pages"
     print(header)
-    for row, doc in enumerate(saved["doc_id"]):
-        used = int(saved["response_mask"][row].sum())
-        sampled = int(saved["loss_mask"][row].sum())
-        pages = ",".join(page for turn in saved["page_ids"][row] for page in turn) or "-"
+    for row, doc in enumerate(columns["doc_id"]):
+        used = int(batch["response_mask"][row].sum())
+        sampled = int(batch["loss_mask"][row].sum())
+        pages = ",".join(page for turn in columns["page_ids"][row] for page in turn) or "-"
         print(
-            f"{row:>3} {str(doc):<16} {saved['termination_reason'][row]:<10} {saved['num_turns'][row]:>5} "
-            f"{saved['num_searches'][row]:>4} {saved['num_fetches'][row]:>4} {used:>5} {used - sampled:>5}  {pages}"
+            f"{row:>3} {str(doc):<16} {columns['termination_reason'][row]:<10} {int(columns['num_turns'][row]):>5} "
+            f"{int(columns['num_searches'][row]):>4} {int(columns['num_fetches'][row]):>4} {used:>5} {used - sampled:>5}  {pages}"
         )
-    metrics = saved["metrics"]
+    metrics = output.meta_info.get("metrics", {})
     keys = ("rollout/turns_mean", "rollout/searches", "rollout/fetches", "rollout/retriever_errors", "rollout/seconds")
     print("  ".join(f"{key.split('/')[-1]}={metrics.get(key, 0):.2f}" for key in keys))

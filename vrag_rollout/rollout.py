@@ -28,7 +28,7 @@ from .group_sync import LocalSync, sync_for
 from .observation import ObservationBuilder, VisionTokens
 from .prompt_images import engine_images, image_key, prompt_entries
 from .protocol import object_array
-from .sampling import SamplingPlan, data_parallel_rank, overrides_from_meta, request_seed
+from .sampling import BANNED_LOGIT_BIAS, SamplingPlan, data_parallel_rank, overrides_from_meta, request_seed
 
 
 class BaseRollout(ABC):
@@ -262,6 +262,9 @@ class vLLMRollout(BaseRollout):
         meta_out["action_grammar"] = bool(self.sampling.action_regex)
         if self.config.calculate_log_probs:
             meta_out["rollout_log_probs_mode"] = self.logprobs_mode or "unknown"
+            # What the sampled distribution had applied, for checkers that recompute it.
+            meta_out["logit_bias"] = {int(token): BANNED_LOGIT_BIAS for token in self.sampling.banned}
+        meta_out.update(self._band_meta())
         return type(prompts)(
             batch=TensorDict(tensors, batch_size=[len(episodes)]),
             non_tensor_batch=non_tensors,
@@ -270,6 +273,9 @@ class vLLMRollout(BaseRollout):
 
     def _passthrough_columns(self, prompts: Any) -> list[str]:
         return []
+
+    def _band_meta(self) -> dict:
+        return {}
 
 
 class vLLMRolloutAgent(vLLMRollout):
@@ -323,6 +329,10 @@ class vLLMRolloutAgent(vLLMRollout):
 
     def _passthrough_columns(self, prompts: Any) -> list[str]:
         return [self.config.doc_id_key]
+
+    def _band_meta(self) -> dict:
+        """The pixel band pages were resized into in this call (after the trainer's narrowing)."""
+        return {"page_pixel_band": (self.observer.band.min_pixels, self.observer.band.max_pixels)}
 
     def _before_rollout(self, meta: dict) -> None:
         stats = getattr(self.retriever, "stats", None)

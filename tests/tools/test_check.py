@@ -1,0 +1,323 @@
+"""`vrag-rollout check` on real rollout batches: the clean batch passes, and every planted defect
+is caught with a failure naming the sample and the position."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+import torch
+
+from tests.tools.helpers import caught, pickled_trainer_batch, runs
+from vrag_rollout.check import CheckInputError, check_batch, run_check
+from vrag_rollout.cli import main as cli_main
+from vrag_rollout.saved_batch import load_rollout
+
+
+def token_id(processor, name: str) -> int:
+    return processor.tokenizer.convert_tokens_to_ids(name)
+
+
+def response_image_runs(saved, row: int, image_pad: int) -> list[tuple[int, int]]:
+    return runs(saved.tensors["responses"][row].tolist(), image_pad)
+
+
+def rows_with_response_images(saved, image_pad: int) -> list[int]:
+    return [row for row in range(len(saved)) if response_image_runs(saved, row, image_pad)]
+
+
+def observation_blocks(saved, row: int) -> list[tuple[int, int]]:
+    """Response [start, end) of every loss-masked-out block inside the real response."""
+    P = saved.tensors["prompts"].shape[1]
+    used = int(saved.tensors["attention_mask"][row, P:].sum())
+    return runs(saved.tensors["loss_mask"][row, :used].tolist(), 0)
+
+
+def delete_response_token(saved, row: int, position: int) -> None:
+    """Remove response token `position` of a row, shifting the rest left (as a truncating bug would)."""
+    t = saved.tensors
+    P = t["prompts"].shape[1]
+    for key, value in t.items():
+        if value.shape[-1] == t["responses"].shape[1]:
+            cut = position
+        elif value.shape[-1] == t["input_ids"].shape[1]:
+            cut = P + position
+        else:
+            continue
+        rowv = value[row]
+        fill = rowv[..., -1:].clone()
+        if key in ("attention_mask", "response_mask", "loss_mask", "rollout_log_probs"):
+            fill = torch.zeros_like(fill)
+        value[row] = torch.cat([rowv[..., :cut], rowv[..., cut + 1:], fill], dim=-1)
+
+
+# ---------------------------------------------------------------------------- the clean batches
+
+
+def test_clean_batch_passes(grammar_rollout):
+    report = run_check(grammar_rollout.path, grammar_rollout.model_dir)
+    assert report.ok, report.human()
+    assert report.samples == len(grammar_rollout.output)
+    assert report.model_family == "qwen2_vl"
+
+
+def test_clean_batch_passes_the_cli_with_a_json_last_line(grammar_rollout, capsys):
+    code = cli_main(["check", str(grammar_rollout.path), "--model", str(grammar_rollout.model_dir)])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 0, "\n".join(out)
+    verdict = json.loads(out[-1])
+    assert verdict["ok"] is True and verdict["failures"] == 0 and verdict["samples"] == len(grammar_rollout.output)
+    assert "PASS" in out[-2]
+
+
+def test_the_batch_exercises_every_check(grammar_rollout, tiny_processor):
+    """The clean batch must hold what the defects below plant into: pages in responses,
+    observation blocks, EOS endings with room left, and n=2 groups."""
+    saved = load_rollout(grammar_rollout.path)
+    image_pad = token_id(tiny_processor, "<|image_pad|>")
+    assert rows_with_response_images(saved, image_pad)
+    assert any(observation_blocks(saved, row) for row in range(len(saved)))
+    assert "answered" in saved.columns["termination_reason"]
+    assert saved.action_grammar is True and saved.config["n"] == 2
+
+
+def test_forward_without_grammar_agrees_with_the_rollout_logprobs(free_rollout):
+    report = run_check(free_rollout.path, free_rollout.model_dir, forward=True)
+    assert report.ok, report.human()
+    assert report.forward["grammar"] is False and report.forward["tokens"] > 0
+    assert report.forward["max_gap"] < 1e-3
+    assert report.forward["mean_gap"] <= report.forward["max_gap"]
+
+
+def test_forward_follows_temperature_top_k_and_top_p(tempered_rollout):
+    saved = load_rollout(tempered_rollout.path)
+    assert saved.meta.get("rollout_log_probs_mode") == "processed_logprobs"
+    report = check_batch(saved, tempered_rollout.model_dir, forward=True)
+    assert report.ok, report.human()
+    assert report.forward["tokens"] > 0 and report.forward["max_gap"] < 1e-3
+    saved.config["temperature"] = 1.0  # the same batch read at the wrong temperature is refused
+    assert not check_batch(saved, tempered_rollout.model_dir, forward=True).ok
+
+
+def test_forward_under_a_grammar_says_so_instead_of_failing(grammar_rollout, capsys):
+    code = cli_main(["check", str(grammar_rollout.path), "--model", str(grammar_rollout.model_dir), "--forward"])
+    out = capsys.readouterr().out.strip().splitlines()
+    verdict = json.loads(out[-1])
+    assert code == 0 and verdict["ok"], "\n".join(out)
+    assert verdict["forward"]["grammar"] is True
+    assert verdict["forward"]["max_gap"] > 1e-2  # constrained logprobs really differ ...
+    assert any("grammar" in note for note in verdict["notes"])  # ... and the report says why
+
+
+def test_check_is_independent_of_the_code_it_checks(grammar_rollout, monkeypatch):
+    """check reads the file through saved_batch only, and passes with the rollout's own token,
+    position, observation and vision code sabotaged."""
+    import ast
+    import inspect
+
+    from vrag_rollout import batch, check, observation, positions, saved_batch, vision
+
+    for module, allowed in ((check, {"saved_batch"}), (saved_batch, set())):
+        tree = ast.parse(inspect.getsource(module))
+        relative = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level}
+        absolute = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and not node.level}
+        absolute |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+        assert relative <= allowed, (module.__name__, relative)
+        assert not any(name.startswith("vrag_rollout") for name in absolute), (module.__name__, absolute)
+
+    def sabotaged(*args, **kwargs):
+        raise AssertionError("check used the rollout's own code")
+
+    for module, name in ((positions, "rope_positions"), (positions, "text_positions"),
+                         (observation, "ObservationBuilder"), (observation, "VisionTokens"),
+                         (batch, "response_position_ids"), (vision, "fit_to_band"), (vision, "decode_page")):
+        monkeypatch.setattr(module, name, sabotaged)
+    report = run_check(grammar_rollout.path, grammar_rollout.model_dir)
+    assert report.ok, report.human()
+
+
+def test_forward_under_a_grammar_still_catches_impossible_logprobs(grammar_rollout):
+    """A constrained logprob below the unconstrained one cannot come from this model and sequence."""
+    saved = load_rollout(grammar_rollout.path)
+    P = saved.tensors["prompts"].shape[1]
+    row = 1
+    position = int(saved.tensors["loss_mask"][row].nonzero()[3])
+    saved.tensors["rollout_log_probs"][row, position] = -60.0
+    report = check_batch(saved, grammar_rollout.model_dir, forward=True)
+    caught(report, "forward", row, P + position, "below the unconstrained")
+
+
+# ---------------------------------------------------------------------------- planted defects
+
+
+@pytest.fixture
+def saved(grammar_rollout):
+    return load_rollout(grammar_rollout.path)  # a fresh copy per test
+
+
+@pytest.mark.parametrize("rows", [slice(None), slice(1, None), slice(0, 1)], ids=["all-rows", "mrope-rows", "text-row"])
+def test_positions_shifted_by_one(saved, grammar_rollout, tiny_processor, rows):
+    image_pad = token_id(tiny_processor, "<|image_pad|>")
+    row = rows_with_response_images(saved, image_pad)[0]
+    P = saved.tensors["prompts"].shape[1]
+    first_image = response_image_runs(saved, row, image_pad)[0][0]
+    saved.tensors["position_ids"][row, rows, P + first_image:] += 1
+    report = check_batch(saved, grammar_rollout.model_dir)
+    caught(report, "positions", row, P + first_image)
+
+
+def test_pad_run_cut_short(saved, grammar_rollout, tiny_processor):
+    image_pad = token_id(tiny_processor, "<|image_pad|>")
+    row = rows_with_response_images(saved, image_pad)[0]
+    P = saved.tensors["prompts"].shape[1]
+    start, end = response_image_runs(saved, row, image_pad)[0]
+    delete_response_token(saved, row, end - 1)
+    report = check_batch(saved, grammar_rollout.model_dir)
+    failure = caught(report, "image_tokens", row, P + start, "pad run of")
+    assert f"{end - start - 1} tokens" in failure.message
+
+
+def test_observation_text_token_in_the_loss_mask(saved, grammar_rollout):
+    row = next(r for r in range(len(saved)) if observation_blocks(saved, r))
+    start, end = observation_blocks(saved, row)[0]
+    P = saved.tensors["prompts"].shape[1]
+    saved.tensors["loss_mask"][row, start + 1] = 1  # a token of the "<result>" text
+    report = check_batch(saved, grammar_rollout.model_dir)
+    caught(report, "observations", row, P + start + 1)
+
+
+def test_observation_image_token_in_the_loss_mask(saved, grammar_rollout, tiny_processor):
+    image_pad = token_id(tiny_processor, "<|image_pad|>")
+    row = rows_with_response_images(saved, image_pad)[0]
+    start, _ = response_image_runs(saved, row, image_pad)[0]
+    P = saved.tensors["prompts"].shape[1]
+    saved.tensors["loss_mask"][row, start + 2] = 1
+    report = check_batch(saved, grammar_rollout.model_dir)
+    caught(report, "image_tokens", row, P + start + 2, "loss mask")
+
+
+def test_whole_observation_in_the_loss_mask(saved, grammar_rollout):
+    """No masked block is left to look at: the sampled run going on past the tool call shows it."""
+    row = next(r for r in range(len(saved)) if observation_blocks(saved, r))
+    start, end = observation_blocks(saved, row)[0]
+    P = saved.tensors["prompts"].shape[1]
+    saved.tensors["loss_mask"][row, start:end] = 1
+    report = check_batch(saved, grammar_rollout.model_dir)
+    caught(report, "observations", row, P + start, "after the tool call")
+
+
+def test_identical_grpo_group(saved, grammar_rollout):
+    first, second = 2, 3  # prompt 1's two samples
+    for value in saved.tensors.values():
+        value[second] = value[first]
+    saved.images[second] = list(saved.images[first])
+    for column in saved.columns.values():
+        column[second] = column[first]
+    report = check_batch(saved, grammar_rollout.model_dir)
+    failure = caught(report, "grpo", first, saved.tensors["prompts"].shape[1], "identical")
+    assert "[2, 3]" in failure.message
+    assert {f.check for f in report.failures} == {"grpo"}
+
+
+def test_two_images_in_the_wrong_order(saved, grammar_rollout, tiny_processor):
+    """Images whose grids differ: the pad runs no longer match the processor's expansions."""
+    image_pad = token_id(tiny_processor, "<|image_pad|>")
+    row = next(r for r in rows_with_response_images(saved, image_pad)
+               if len({im.size for im in saved.decoded_images(r)}) > 1)
+    images = saved.images[row]
+    sizes = [im.size for im in saved.decoded_images(row)]
+    k = next(i for i in range(1, len(sizes)) if sizes[i] != sizes[0])
+    images[0], images[k] = images[k], images[0]
+    full_runs = runs(saved.tensors["input_ids"][row].tolist(), image_pad)
+    report = check_batch(saved, grammar_rollout.model_dir)
+    caught(report, "image_tokens", row, full_runs[0][0], "wrong order")
+    caught(report, "image_tokens", row, full_runs[k][0], f"image {k}: pad run")
+
+
+def test_two_equal_size_images_in_the_wrong_order_need_the_forward_pass(free_rollout):
+    """Same grids: token counts and positions are right, but the pixels the engine sampled from
+    are not the ones the trainer will use; only the rollout logprobs can tell."""
+    saved = load_rollout(free_rollout.path)
+    row = 0
+    assert len(saved.images[row]) == 2 and len({im.size for im in saved.decoded_images(row)}) == 1
+    saved.images[row].reverse()
+    assert check_batch(saved, free_rollout.model_dir).ok  # invisible to the token checks
+    report = check_batch(saved, free_rollout.model_dir, forward=True)
+    assert report.forward["max_gap"] > 1e-3
+    failure = next(f for f in report.failures if f.check == "forward")
+    assert failure.sample == row and failure.position >= saved.tensors["prompts"].shape[1]
+    assert f"sample {row}" in str(failure)
+
+
+@pytest.mark.parametrize("with_attention", [True, False], ids=["masks-agree", "response-mask-only"])
+def test_response_mask_running_past_eos(saved, grammar_rollout, with_attention):
+    P, R = saved.tensors["prompts"].shape[1], saved.tensors["responses"].shape[1]
+    reasons = saved.columns["termination_reason"]
+    row = next(r for r in range(len(saved)) if reasons[r] == "answered"
+               and int(saved.tensors["response_mask"][r].sum()) < R - 3)
+    used = int(saved.tensors["response_mask"][row].sum())
+    saved.tensors["response_mask"][row, used:used + 3] = 1
+    if with_attention:
+        saved.tensors["attention_mask"][row, P + used:P + used + 3] = 1
+        caught(check_batch(saved, grammar_rollout.model_dir), "contract", row, P + used, "past its EOS")
+    else:
+        caught(check_batch(saved, grammar_rollout.model_dir), "contract", row, P + used, "attention_mask is 0")
+
+
+def test_input_ids_not_prompts_plus_responses(saved, grammar_rollout):
+    P = saved.tensors["prompts"].shape[1]
+    saved.tensors["responses"][5, 3] += 1
+    caught(check_batch(saved, grammar_rollout.model_dir), "contract", 5, P + 3, "prompts+responses")
+
+
+def test_wrong_widths_are_reported_not_crashed_on(saved, grammar_rollout):
+    saved.tensors["responses"] = saved.tensors["responses"][:, :-1]
+    report = check_batch(saved, grammar_rollout.model_dir)
+    assert not report.ok and all(f.check == "contract" for f in report.failures)
+    assert any("responses" in f.message for f in report.failures)
+
+
+# ---------------------------------------------------------------------------- other inputs
+
+
+def test_a_pickled_trainer_batch_is_checked_too(grammar_rollout, tmp_path):
+    """EasyR1's layout: a pickled verl DataProto, response_mask = the loss mask, v0.3's "image"
+    key with {"bytes": ...} entries."""
+    import verl.protocol  # noqa: F401  (part of the test extra: missing fails, never skips)
+    path = pickled_trainer_batch(grammar_rollout.output, tmp_path / "trainer_batch.pkl")
+    loaded = load_rollout(path)
+    assert loaded.source == "dataproto" and loaded.image_key == "image" and loaded.model_family is None
+    assert torch.equal(loaded.tensors["response_mask"], grammar_rollout.output.batch["loss_mask"])
+    report = run_check(path, grammar_rollout.model_dir)
+    assert report.ok, report.human()
+
+
+def test_not_a_batch_is_a_clear_error(tmp_path, grammar_rollout, capsys):
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(b"definitely not a batch")
+    code = cli_main(["check", str(junk), "--model", str(grammar_rollout.model_dir)])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 2
+    assert "not a saved rollout batch" in out[0]
+    assert json.loads(out[-1])["ok"] is False
+    tensor_file = tmp_path / "tensor.pt"
+    torch.save({"weights": torch.zeros(3)}, tensor_file)
+    with pytest.raises(CheckInputError, match="not a saved rollout batch"):
+        run_check(tensor_file, grammar_rollout.model_dir)
+    legacy = tmp_path / "legacy.pt"
+    torch.save({"responses": torch.zeros(1, 2), "image_grid_thw": [[]]}, legacy)
+    with pytest.raises(CheckInputError, match="older `vrag-rollout demo`"):
+        run_check(legacy, grammar_rollout.model_dir)
+    pickled = tmp_path / "list.pkl"
+    pickled.write_bytes(pickle.dumps([1, 2, 3]))
+    with pytest.raises(CheckInputError, match="DataProto"):
+        run_check(pickled, grammar_rollout.model_dir)
+
+
+def test_model_of_another_family_is_a_clear_error(saved, grammar_rollout, tmp_path):
+    saved.model_family = "qwen3_vl"
+    with pytest.raises(CheckInputError, match="made by a qwen3_vl model but --model .* is qwen2_vl"):
+        check_batch(saved, grammar_rollout.model_dir)
+    with pytest.raises(CheckInputError, match="cannot read a model config"):
+        check_batch(saved, tmp_path)
