@@ -54,6 +54,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     view.add_argument("--model", default=None,
                       help="decode with this model's tokenizer (default: the batch's own token texts)")
 
+    convert = commands.add_parser(
+        "convert-dataset", help="VRAG-style document-QA JSON -> the EasyR1 trainer's parquet (vrag_rollout.dataset)"
+    )
+    convert.add_argument("source", type=Path, help="JSON array or JSON Lines of questions")
+    convert.add_argument("--out", type=Path, required=True, help="the parquet file to write")
+    convert.add_argument("--index", type=Path, default=None,
+                         help="a retriever index directory: report questions whose document it lacks")
+    convert.add_argument("--report", type=Path, default=None, help="also write the report as JSON here")
+    convert.add_argument("--page-base", type=int, choices=[0, 1], default=1,
+                         help="first page number in the source's reference_page (written 1-based)")
+    convert.add_argument("--drop-missing", action="store_true",
+                         help="leave out (and report) questions whose document is not in --index")
+
     args = parser.parse_args(argv)
     # vLLM's CPU worker logs a warning on every generate call; keep the demo's output readable.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -92,6 +105,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .view import main as view_main
 
         return view_main(args.file, args.out, model_dir=args.model)
+    if args.command == "convert-dataset":
+        from .dataset import convert_dataset_command
+
+        return convert_dataset_command(args.source, args.out, index_dir=args.index, report_path=args.report,
+                                       page_base=args.page_base, drop_missing=args.drop_missing)
     return 2
 
 

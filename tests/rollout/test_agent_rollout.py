@@ -204,10 +204,13 @@ def test_live_server_reproduces_the_recorded_rollout(rollout, family_model, live
 
 def test_continuous_schedule_gives_the_same_episodes(rollout, family_model):
     """Continuous batching changes when each sample runs, not what it samples: per-sample seeds
-    make the episodes identical to the turn-synchronized ones."""
+    make the episodes identical to the turn-synchronized ones, whatever the retriever's latency
+    (here random, 0 to 30 ms a call, so results come back at varying engine steps)."""
+    from tests.rollout.tp_ranks import Jittered
+
     _, _, replayed, _ = rollout
     fm = family_model
-    client = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))
+    client = RetrieverClient(None, transport=Jittered(FixtureTransport.load(SAMPLE_RETRIEVAL)))
     agent = make_agent(fm.model_dir, fm.processor, fm.llm, client, n=N, rollout_mode="continuous")
     prompts = prompt_batch(fm.processor, sample_prompts(BATCH), agent, proto_cls=verl_protocol.DataProto)
     continuous = agent.generate_sequences(prompts)

@@ -9,6 +9,7 @@ package laid out like EasyR1 (only the names and behaviours the glue touches).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pickle
 import sys
@@ -79,7 +80,27 @@ def test_there_is_an_example_per_documented_model():
     names = {path.name for path in EXAMPLES}
     assert {"easyr1_vrag.yaml", "easyr1_vrag_qwen3vl_4b.yaml"} <= names
     models = {OmegaConf.load(path).worker.actor.model.model_path for path in EXAMPLES}
-    assert {"Qwen/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen3-VL-4B-Instruct"} <= models
+    assert {"Qwen/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen3-VL-4B-Instruct", "Qwen/Qwen2.5-VL-3B-Instruct"} <= models
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
+def test_example_yaml_reward_and_estimator_are_usable(example):
+    import importlib.util
+
+    from vrag_rollout.reward import RewardWeights
+
+    raw = OmegaConf.load(example)
+    path, _, name = raw.worker.reward.reward_function.rpartition(":")
+    spec = importlib.util.spec_from_file_location("custom_reward_fn", REPO / path)  # as EasyR1 loads it
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    kwargs = OmegaConf.to_container(raw.worker.reward.reward_function_kwargs)
+    RewardWeights(**kwargs)  # the weights are the reward's
+    truth = '{"answer": "Ada", "doc_id": "d", "gold_pages": [1], "page_ids": [["d_1"]]}'
+    [score] = getattr(module, name)([{"response": "<answer>Ada</answer>", "response_length": 3,
+                                      "ground_truth": truth}], **kwargs)
+    assert score["overall"] == pytest.approx(sum(kwargs.values()))
+    assert glue.check_estimator(raw.algorithm.adv_estimator) == []
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
@@ -141,7 +162,7 @@ def test_generated_config_class_has_every_easyr1_rollout_field():
 def no_easyr1(monkeypatch):
     if glue.easyr1_location() is not None:
         pytest.skip("EasyR1 is installed here")
-    monkeypatch.setattr(glue, "_config_classes", {})
+    monkeypatch.setattr(glue.config_schema, "_config_classes", {})
 
 
 def test_everything_that_needs_easyr1_fails_clearly_without_it(no_easyr1):
@@ -289,10 +310,16 @@ FAKE_EASYR1 = {
     ''',
     "workers/rollout/vllm_rollout_spmd.py": '''
         BUILT = []
+        ENGINE_KWARGS = []
+
+        def LLM(**kwargs):  # EasyR1 builds vllm.LLM with fixed keywords, no logprobs_mode
+            ENGINE_KWARGS.append(kwargs)
+            return kwargs
 
         class vLLMRollout:
             def __init__(self, model_path, config, tokenizer, processor, **kwargs):
                 self.config = config
+                LLM(model=model_path, dtype="bf16")
                 self.inference_engine = ("easyr1-engine", config.limit_images)
                 BUILT.append(self)
     ''',
@@ -320,9 +347,31 @@ FAKE_EASYR1 = {
     ''',
     "workers/reward/__init__.py": "from .function import AutoRewardManager\n",
     "workers/reward/function.py": '''
-        class AutoRewardManager:
+        import torch
+
+        class AutoRewardManager:  # EasyR1's shape: length from response_mask, score at length - 1
+            seen = None
+
             def compute_reward(self, data):
-                return data.batch["response_mask"].sum(-1).tolist(), data
+                AutoRewardManager.seen = data
+                lengths = data.batch["response_mask"].sum(-1).tolist()
+                scores = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
+                for row, length in enumerate(lengths):
+                    scores[row, length - 1] = float(length)
+                return scores, {"overall": [float(x) for x in lengths]}
+    ''',
+    "utils/torch_functional.py": '''
+        def masked_whiten(values, mask):
+            return ("whitened", values)
+    ''',
+    "trainer/core_algos.py": '''
+        def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_mask, gamma, **kwargs):
+            raise AssertionError("EasyR1's REINFORCE++ must have been replaced")
+
+        ADV_ESTIMATOR_MAP = {"reinforce_plus_plus": compute_reinforce_plus_plus_outcome_advantage}
+
+        def compute_advantage_return(name, **kwargs):
+            return ADV_ESTIMATOR_MAP[name](**kwargs)
     ''',
     "trainer/__init__.py": "",
     "trainer/main.py": "Runner = None\n",
@@ -392,7 +441,7 @@ def easyr1(tmp_path, monkeypatch):
     (root / "fake_agent.py").write_text(FAKE_AGENT)
     monkeypatch.syspath_prepend(str(root))
     _forget_verl(monkeypatch)
-    monkeypatch.setattr(glue, "_config_classes", {})
+    monkeypatch.setattr(glue.config_schema, "_config_classes", {})
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.setenv(glue.AGENT_CLASS_ENV, "fake_agent:Agent")
     monkeypatch.delenv(glue.GENERATION_KEYS_ENV, raising=False)
@@ -471,6 +520,14 @@ def test_rollout_dispatch_by_name(easyr1):
     assert worker.rollout.inference_engine == ("easyr1-engine", config.images_per_sample())
     assert worker.rollout.config is config and config.limit_images == 0
     assert worker.rollout.update_sampling_params(n=1) == {"n": 1}
+    # the agent's engine reports logprobs of the distribution sampled from; EasyR1's own does not change
+    from verl.workers.rollout.vllm_rollout_spmd import ENGINE_KWARGS
+
+    assert ENGINE_KWARGS[-1] == {"model": "model", "dtype": "bf16", "logprobs_mode": "processed_logprobs"}
+    assert "logprobs_mode" not in ENGINE_KWARGS[0]
+    import verl.workers.rollout.vllm_rollout_spmd as spmd
+
+    assert spmd.LLM.__name__ == "LLM"  # restored after the build
 
     plain = RolloutConfig(name=glue.AGENT_ROLLOUT_NAME)
     with pytest.raises(TypeError, match="no agent fields"):
@@ -491,7 +548,8 @@ def test_agent_without_engine_is_rejected(easyr1, monkeypatch):
 
 def test_install_is_idempotent(easyr1):
     first = glue.install_agent_rollout()
-    assert first == dict.fromkeys(["rollout", "multi_modal_cache", "generation_columns", "reward_view"], True)
+    assert first == dict.fromkeys(
+        ["rollout", "multi_modal_cache", "generation_columns", "reward_view", "estimators"], True)
     import verl.workers.fsdp_workers as fw
 
     dispatcher = fw.vLLMRollout
@@ -606,13 +664,54 @@ def test_reward_sees_the_whole_response(easyr1):
     batch = TensorDict({"responses": responses, "response_mask": loss,
                         "attention_mask": torch.cat([prompt, valid], -1)}, batch_size=[2])
     data = DataProto(batch, {}, {})
-    lengths, seen = AutoRewardManager().compute_reward(data)
-    assert lengths == [4, 2]
+    scores, metrics = AutoRewardManager().compute_reward(data)
+    assert metrics == {"overall": [4.0, 2.0]}  # decoded lengths: the whole episodes
+    assert torch.equal(scores, torch.tensor([[0, 0, 0, 4.0, 0], [0, 2.0, 0, 0, 0]]))
     assert torch.equal(data.batch["response_mask"], loss)  # the trainer's batch is untouched
 
     same = DataProto(TensorDict({"responses": responses, "response_mask": valid,
                                  "attention_mask": torch.cat([prompt, valid], -1)}, batch_size=[2]), {}, {})
-    assert AutoRewardManager().compute_reward(same)[1] is same
+    AutoRewardManager().compute_reward(same)
+    assert AutoRewardManager.seen is same  # EasyR1's own rollout: scored exactly as before
+
+
+def test_reward_of_an_episode_ending_on_an_observation_lands_on_its_last_sampled_token(easyr1):
+    glue.install_agent_rollout()
+    from verl.protocol import DataProto
+    from verl.workers.reward import AutoRewardManager
+
+    # sampled 0-1, observation 2-4 filling the budget exactly: EasyR1 would score position 4
+    valid = torch.tensor([[1, 1, 1, 1, 1]])
+    loss = torch.tensor([[1, 1, 0, 0, 0]])
+    data = DataProto(TensorDict({"responses": torch.zeros(1, 5, dtype=torch.long), "response_mask": loss,
+                                 "attention_mask": torch.cat([torch.ones(1, 2, dtype=torch.long), valid], -1)},
+                                batch_size=[1]), {}, {})
+    scores, _ = AutoRewardManager().compute_reward(data)
+    assert torch.equal(scores, torch.tensor([[0, 5.0, 0, 0, 0]]))
+
+
+def test_reward_function_gets_the_pages_shown_and_metrics_come_back(easyr1):
+    glue.install_agent_rollout()
+    from verl.protocol import DataProto
+    from verl.workers.reward import AutoRewardManager
+
+    truth = json.dumps({"answer": "Ada", "doc_id": "rep", "gold_pages": [2]})
+    columns = {
+        "ground_truth": np.array([truth, "plain answer"], dtype=object),
+        "page_ids": np.array([[["rep_1", "rep_2"]], []], dtype=object),
+        glue.METRICS_COLUMN: np.array([{"rollout/turns_mean": 2.0, "rollout/termination/eos": 1.0},
+                                       {"rollout/turns_mean": 4.0}], dtype=object),
+    }
+    mask = torch.ones(2, 3, dtype=torch.long)
+    data = DataProto(TensorDict({"responses": torch.zeros(2, 3, dtype=torch.long), "response_mask": mask,
+                                 "attention_mask": torch.cat([mask, mask], -1)}, batch_size=[2]), columns, {})
+    _, metrics = AutoRewardManager().compute_reward(data)
+    seen = AutoRewardManager.seen.non_tensor_batch["ground_truth"]
+    assert json.loads(seen[0]) == {"answer": "Ada", "doc_id": "rep", "gold_pages": [2], "page_ids": [["rep_1", "rep_2"]]}
+    assert seen[1] == "plain answer"  # not ours: untouched
+    assert data.non_tensor_batch["ground_truth"][0] == truth  # the trainer's batch is untouched
+    assert metrics["agent/rollout/turns_mean"] == [2.0, 4.0]
+    assert metrics["agent/rollout/termination/eos"] == [1.0, 0.0]
 
 
 def test_setup_hook_patches_modules_when_first_imported(easyr1):

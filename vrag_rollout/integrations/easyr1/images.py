@@ -1,0 +1,120 @@
+"""The actor's image cache keyed per sample (replacement for `FSDPWorker._process_multi_modal_inputs`).
+
+EasyR1 caches processed image inputs per `uid`, i.e. per prompt: the n samples of a prompt that
+retrieved different pages would all get the first sample's pixels. Here the cache key is the uid
+plus the content of that sample's images, so identical samples are still processed once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import Any, Callable, Optional, Sequence
+
+_MM_KEYS = "vrag_mm_keys"
+_MM_INPUTS = "vrag_mm_inputs"
+
+
+def _digest(*parts: bytes) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest()
+
+
+def image_fingerprint(image: Any) -> str:
+    """A content key for one `multi_modal_data` entry (path, bytes, {"bytes"/"path"}, PIL, array).
+
+    Unknown kinds get a fresh random key: never shared, never wrongly reused.
+    """
+    if isinstance(image, str):
+        return "path:" + image
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        return "bytes:" + _digest(bytes(image))
+    if isinstance(image, dict):
+        if image.get("bytes") is not None:
+            return "bytes:" + _digest(bytes(image["bytes"]))
+        if image.get("path"):
+            return "path:" + str(image["path"])
+    if hasattr(image, "tobytes") and hasattr(image, "mode") and hasattr(image, "size"):  # PIL
+        return "pil:" + _digest(f"{image.mode}:{tuple(image.size)}".encode(), image.tobytes())
+    if hasattr(image, "tobytes") and hasattr(image, "shape") and hasattr(image, "dtype"):  # numpy
+        return "array:" + _digest(f"{image.dtype}:{tuple(image.shape)}".encode(), image.tobytes())
+    return "opaque:" + uuid.uuid4().hex
+
+
+def sample_cache_keys(multi_modal_data: Sequence[Any], uids: Optional[Sequence[Any]] = None) -> list:
+    """One hashable key per sample: (uid or row, fingerprints of its images, of its videos).
+
+    Samples of one prompt that hold the same images share a key (processed once, as EasyR1's
+    per-uid cache intends); samples whose retrieved pages differ get their own.
+    """
+    memo: dict = {}  # id -> fingerprint; n copies of one prompt usually share objects
+
+    def fingerprint(item: Any) -> str:
+        key = id(item)
+        if key not in memo:
+            memo[key] = (item, image_fingerprint(item))  # keep item alive so ids are not reused
+        return memo[key][1]
+
+    keys = []
+    for row, data in enumerate(multi_modal_data):
+        data = data or {}
+        images = tuple(fingerprint(x) for x in (data.get("images") or ()))
+        videos = tuple(fingerprint(x) for x in (data.get("videos") or ()))
+        owner = uids[row] if uids is not None else row
+        keys.append((str(owner), images, videos))
+    return keys
+
+
+def build_multi_modal_inputs(multi_modal_data: Sequence[Any], keys: Sequence[Any], processor: Any,
+                             process_image: Callable, process_video: Callable,
+                             min_pixels: Optional[int], max_pixels: Optional[int],
+                             video_fps: float) -> list:
+    """Image-processor outputs per sample, computed once per distinct key."""
+    done: dict = {}
+    out = []
+    for data, key in zip(multi_modal_data, keys):
+        if key not in done:
+            data = data or {}
+            images = [process_image(x, min_pixels, max_pixels) for x in (data.get("images") or ())]
+            videos = [process_video(x, min_pixels, max_pixels, video_fps) for x in (data.get("videos") or ())]
+            if images:
+                done[key] = dict(processor.image_processor(images=images, return_tensors="pt"))
+            elif videos:
+                done[key] = dict(processor.image_processor(images=None, videos=videos, return_tensors="pt"))
+            else:
+                done[key] = {}
+        out.append(done[key])
+    return out
+
+
+def process_multi_modal_inputs_per_sample(self: Any, data: Any) -> None:
+    """Replacement for `FSDPWorker._process_multi_modal_inputs` (same inputs and outputs)."""
+    import numpy as np
+    from verl.utils.dataset import process_image, process_video
+
+    columns = data.non_tensor_batch
+    if "multi_modal_data" not in columns:
+        return
+    multi_modal_data = columns["multi_modal_data"]
+    keys = sample_cache_keys(multi_modal_data, columns.get("uid"))
+    if self._cache.get(_MM_KEYS) != keys:
+        meta = data.meta_info
+        try:
+            bands = meta["min_pixels"], meta["max_pixels"], meta["video_fps"]
+        except KeyError as missing:
+            raise KeyError(
+                f"meta_info lacks {missing}: the rollout must return the generation batch's "
+                "meta_info (min_pixels, max_pixels, video_fps) unchanged"
+            ) from None
+        inputs = build_multi_modal_inputs(multi_modal_data, keys, self.processor, process_image,
+                                          process_video, *bands)
+        array = np.empty(len(inputs), dtype=object)
+        array[:] = inputs
+        self._cache[_MM_KEYS] = keys
+        self._cache[_MM_INPUTS] = array
+    columns["multi_modal_inputs"] = self._cache[_MM_INPUTS]
+
+

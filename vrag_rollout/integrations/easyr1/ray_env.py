@@ -1,0 +1,34 @@
+"""The Ray job environment of an agent run: EasyR1's usual variables, the generation columns and
+agent class for the workers, and the `worker_process_setup_hook` that patches every worker."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from .common import AGENT_CLASS_ENV, GENERATION_KEYS_ENV, SETUP_HOOK
+
+# Environment EasyR1's own `main()` gives its Ray job (same intent, our own list).
+DEFAULT_RAY_ENV_VARS = {
+    "TOKENIZERS_PARALLELISM": "true",
+    "NCCL_DEBUG": "WARN",
+    "VLLM_LOGGING_LEVEL": "WARN",
+    "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False",
+    "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+    "VLLM_ALLREDUCE_USE_SYMM_MEM": "0",
+}
+
+
+def make_runtime_env(ppo_config: Any = None, env_vars: Optional[dict] = None) -> dict:
+    """A job-level Ray runtime_env that installs the patches in every worker process."""
+    merged = dict(DEFAULT_RAY_ENV_VARS)
+    if ppo_config is not None:
+        doc_key = getattr(ppo_config.worker.rollout, "doc_id_key", None)
+        if doc_key:
+            merged[GENERATION_KEYS_ENV] = doc_key
+    for name in (AGENT_CLASS_ENV, GENERATION_KEYS_ENV):
+        if name in os.environ and name not in merged:
+            merged[name] = os.environ[name]
+    merged.update(env_vars or {})
+    return {"env_vars": merged, "worker_process_setup_hook": SETUP_HOOK}

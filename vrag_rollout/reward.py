@@ -1,0 +1,227 @@
+"""The reward of one VRAG episode: answer correctness, action format, retrieval quality. Pure.
+
+Contract (what `examples/reward_function/vrag.py` hands EasyR1's `AutoRewardManager`):
+
+* Input: the decoded *whole* response (sampled text and `<result>…</result>` observations) and
+  the ground truth. The ground truth is the dataset's answer column, either a plain answer string
+  or a JSON object (what `vrag-rollout convert-dataset` writes)::
+
+      {"answer": "...", "doc_id": "report", "gold_pages": [3, 5]}
+
+  to which the integration's reward-manager patch adds, per sample, the page ids the episode was
+  shown (the rollout's `page_ids` column, one list per observation, ids `<doc>_<page>`)::
+
+      {..., "page_ids": [["report_2", "report_3"], ["report_5"]]}
+
+* Output: a dict of floats, EasyR1's `RewardScore` shape plus extra parts, each logged by EasyR1
+  as `reward/<name>` (training) and `val/<name>_reward` (validation):
+  - `accuracy`: normalized exact match of the last `<answer>` against the ground truth (1 or 0);
+  - `f1`: token F1 of that answer (SQuAD-style normalization: lower case, no punctuation, no
+    articles `a an the`, single spaces);
+  - `format`: 1 when the policy's text (observations removed) has exactly one
+    `<answer>…</answer>`, after every action, with every `<search>` non-empty, every `<fetch>`
+    of the form `image|text, N` (N >= 1) and no unclosed or stray tag; else 0;
+  - `retrieval`: NDCG of the distinct pages the episode was shown, in the order first shown,
+    against the gold pages (binary relevance, DCG = sum rel_i / log2(i + 1), ideal DCG over all
+    gold pages, so missing a gold page costs); 0 without gold pages or without pages shown;
+  - `overall` = sum of weight x part over `accuracy`, `f1`, `format`, `retrieval`.
+
+The last `<answer>` is searched in the policy's own text: observation blocks are removed first,
+so an answer tag inside a fetched page's text is never taken for the policy's answer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import string
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+RESULT_BLOCK = re.compile(r"<result>.*?(</result>|$)", re.DOTALL)
+ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+TAG = re.compile(r"</?(think|search|fetch|answer|result)>")
+FETCH_SPEC = re.compile(r"^\s*(image|text)\s*,\s*([0-9]+)\s*$")
+ARTICLES = re.compile(r"\b(a|an|the)\b")
+PUNCTUATION = set(string.punctuation)
+PARTS = ("accuracy", "f1", "format", "retrieval")
+
+
+@dataclass(frozen=True)
+class RewardWeights:
+    """Weights of the parts in `overall` (EasyR1: `worker.reward.reward_function_kwargs`)."""
+
+    accuracy: float = 0.5
+    f1: float = 0.3
+    format: float = 0.1
+    retrieval: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name in PARTS:
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"reward weight {name} must be a finite number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class GroundTruth:
+    answer: str
+    doc_id: Optional[str] = None
+    gold_pages: tuple = ()
+    page_ids: tuple = ()  # per observation, the page ids shown (added by the reward-manager patch)
+
+
+def parse_ground_truth(raw: Any) -> GroundTruth:
+    """A plain answer string, or the JSON object described in the module docstring (or a dict)."""
+    if isinstance(raw, str):
+        text = raw.strip()
+        if not text.startswith("{"):
+            return GroundTruth(answer=raw)
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError:
+            return GroundTruth(answer=raw)  # an answer that happens to start with "{"
+    if not isinstance(raw, Mapping):
+        raise TypeError(f"ground truth must be a string or a JSON object, got {type(raw).__name__}")
+    if not isinstance(raw.get("answer"), str):
+        raise ValueError(f"ground truth object needs a string 'answer', got {raw!r}")
+    pages = raw.get("gold_pages") or ()
+    if any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in pages):
+        raise ValueError(f"gold_pages must be page numbers >= 1, got {pages!r}")
+    shown = tuple(tuple(str(x) for x in turn) for turn in (raw.get("page_ids") or ()))
+    return GroundTruth(answer=raw["answer"], doc_id=raw.get("doc_id"), gold_pages=tuple(pages), page_ids=shown)
+
+
+# ---- answers ----
+def normalize_answer(text: str) -> str:
+    text = "".join(ch for ch in text.lower() if ch not in PUNCTUATION)
+    return " ".join(ARTICLES.sub(" ", text).split())
+
+
+def exact_match(prediction: str, truth: str) -> float:
+    return float(normalize_answer(prediction) == normalize_answer(truth))
+
+
+def token_f1(prediction: str, truth: str) -> float:
+    pred, gold = normalize_answer(prediction).split(), normalize_answer(truth).split()
+    if not pred or not gold:
+        return float(pred == gold)
+    common = sum((Counter(pred) & Counter(gold)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(pred), common / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
+def policy_text(response: str) -> str:
+    """The response without its observation blocks (an unterminated one runs to the end)."""
+    return RESULT_BLOCK.sub(" ", response)
+
+
+def last_answer(response: str) -> Optional[str]:
+    """The content of the last complete `<answer>…</answer>` the policy wrote, or None."""
+    found = ANSWER_BLOCK.findall(policy_text(response))
+    return found[-1].strip() if found else None
+
+
+# ---- format ----
+def format_score(response: str) -> float:
+    """1.0 when the policy's actions are well formed and it gave exactly one final answer."""
+    text = policy_text(response)
+    stack: list = []
+    blocks: list = []  # (tag, content) in order
+    for match in TAG.finditer(text):
+        closing, tag = match.group(0).startswith("</"), match.group(1)
+        if tag == "result":
+            return 0.0  # a stray result tag written by the policy
+        if not closing:
+            if stack:
+                return 0.0  # tags do not nest
+            stack.append((tag, match.end()))
+        else:
+            if not stack or stack[-1][0] != tag:
+                return 0.0
+            _, start = stack.pop()
+            blocks.append((tag, text[start:match.start()]))
+    if stack:
+        return 0.0
+    answers = [i for i, (tag, _) in enumerate(blocks) if tag == "answer"]
+    if len(answers) != 1:
+        return 0.0
+    if any(tag in ("search", "fetch") for tag, _ in blocks[answers[0] + 1:]):
+        return 0.0
+    for tag, content in blocks:
+        if tag == "search" and not content.strip():
+            return 0.0
+        if tag == "fetch":
+            spec = FETCH_SPEC.match(content)
+            if spec is None or int(spec.group(2)) < 1:
+                return 0.0
+    return 1.0
+
+
+# ---- retrieval ----
+def split_page_id(page_id: str) -> tuple:
+    """`<doc>_<page>` -> (doc, page); doc ids may contain underscores."""
+    doc, sep, page = page_id.rpartition("_")
+    if not sep or not page.isdigit():
+        raise ValueError(f"not a page id <doc>_<page>: {page_id!r}")
+    return doc, int(page)
+
+
+def ranked_pages(page_ids: Iterable[Iterable[str]]) -> list:
+    """Distinct (doc, page) pairs in the order the episode was first shown them."""
+    seen: dict = {}
+    for turn in page_ids:
+        for page_id in turn:
+            seen.setdefault(split_page_id(page_id), None)
+    return list(seen)
+
+
+def ndcg(ranked: Sequence[Any], relevant: Iterable[Any]) -> float:
+    """Binary-relevance NDCG of `ranked` against the set `relevant` (ideal DCG over all of it)."""
+    relevant = set(relevant)
+    if not relevant or not ranked:
+        return 0.0
+    dcg = sum(1.0 / math.log2(rank + 2) for rank, item in enumerate(ranked) if item in relevant)
+    ideal = sum(1.0 / math.log2(rank + 2) for rank in range(len(relevant)))
+    return dcg / ideal
+
+
+def retrieval_score(truth: GroundTruth) -> float:
+    if not truth.gold_pages:
+        return 0.0
+    ranked = ranked_pages(truth.page_ids)
+    if truth.doc_id is not None:
+        relevant = {(truth.doc_id, page) for page in truth.gold_pages}
+    else:  # no document named: match page numbers of whatever document was shown
+        ranked = [page for _, page in ranked]
+        ranked = list(dict.fromkeys(ranked))
+        relevant = set(truth.gold_pages)
+    return ndcg(ranked, relevant)
+
+
+# ---- the score ----
+def score_response(response: str, ground_truth: Any, weights: RewardWeights = RewardWeights()) -> dict:
+    """All parts and `overall` for one episode (see the module docstring)."""
+    truth = parse_ground_truth(ground_truth)
+    answer = last_answer(response)
+    parts = {
+        "accuracy": exact_match(answer, truth.answer) if answer is not None else 0.0,
+        "f1": token_f1(answer, truth.answer) if answer is not None else 0.0,
+        "format": format_score(response),
+        "retrieval": retrieval_score(truth),
+    }
+    overall = sum(getattr(weights, name) * parts[name] for name in PARTS)
+    return {"overall": overall, **parts}
+
+
+def compute_scores(reward_inputs: Sequence[Mapping[str, Any]], **weights: float) -> list:
+    """EasyR1's batch reward function: `[{response, response_length, ground_truth}] -> [scores]`."""
+    unknown = set(weights) - set(PARTS)
+    if unknown:
+        raise TypeError(f"unknown reward weights {sorted(unknown)}; known: {list(PARTS)}")
+    resolved = RewardWeights(**weights)
+    return [score_response(item["response"], item["ground_truth"], resolved) for item in reward_inputs]
