@@ -165,6 +165,12 @@ class ContinuousEngine:
         self._engine.add_request(request_id, prompt, params)
         self._owners[request_id] = owner
 
+    def abort_all(self) -> None:
+        """Abort every request still in the engine (on an error: none may outlive the call)."""
+        if self._owners:
+            self._engine.abort_request(list(self._owners))
+            self._owners.clear()
+
     def step(self) -> list[tuple[Any, TurnOutput]]:
         """One engine step; (owner, output) of every request that finished in it."""
         finished = []

@@ -24,6 +24,7 @@ class LocalSync:
     """One process (or tensor_parallel_size 1): nothing to agree on."""
 
     is_source = True
+    is_local = True  # every decision is this process's own
 
     def share(self, compute: Callable[[], T]) -> T:
         return compute()
@@ -31,6 +32,8 @@ class LocalSync:
 
 class GroupSync:
     """Broadcast from the source rank over a torch.distributed CPU (gloo) process group."""
+
+    is_local = False
 
     def __init__(self, group: Any, source_rank: int):
         import torch.distributed as dist

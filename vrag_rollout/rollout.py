@@ -1,8 +1,8 @@
 """The rollout classes a trainer calls: `BaseRollout`, `vLLMRollout`, `vLLMRolloutAgent`.
 
-They compose the pure modules (episode, actions, observation, batch) with the two I/O edges
-(the vLLM engine and the retriever client). One turn = one generation call for every active
-sample, then one batched retriever call per tool kind.
+They compose the pure modules (episode, step, observation, batch) with the two I/O edges (the
+vLLM engine and the retriever client) and run one of the two schedules (`schedules.py`), which
+drive every sample through the same per-turn hooks defined here.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from abc import ABC, abstractmethod
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Sequence
 
@@ -21,7 +20,7 @@ from . import step
 from .actions import TOOL_STOPS, Fetch, Search
 from .batch import BatchSpec, collect_metrics, episode_columns, response_position_ids, response_tensors
 from .config import AgentRolloutConfig
-from .engine import SAMPLED_LOGPROBS_MODE, ContinuousEngine, VLLMEngine, build_llm, engine_limits
+from .engine import SAMPLED_LOGPROBS_MODE, VLLMEngine, build_llm, engine_limits
 from .episode import Episode
 from .families import detect_family
 from .group_sync import LocalSync, sync_for
@@ -29,6 +28,7 @@ from .observation import ObservationBuilder, VisionTokens
 from .prompt_images import engine_images, image_key, prompt_entries
 from .protocol import object_array
 from .sampling import BANNED_LOGIT_BIAS, SamplingPlan, data_parallel_rank, overrides_from_meta, request_seed
+from .schedules import ScheduleClock, run_continuous, run_turn_synchronized
 
 
 class BaseRollout(ABC):
@@ -85,77 +85,19 @@ class vLLMRollout(BaseRollout):
         return 1
 
     def generate_sequences(self, prompts: Any) -> Any:
-        started = time.perf_counter()
+        clock = ScheduleClock()
         with self.update_sampling_params(**overrides_from_meta(prompts.meta_info)):
             n = self.sampling.n  # an override of n holds for this call only
             episodes = self._episodes(prompts, n)
             self._before_rollout(prompts.meta_info)
             if self.config.rollout_mode == "continuous":
-                self._run_continuous(episodes)
+                run_continuous(self, episodes, clock, max_inflight=max(1, self.config.retriever_max_concurrency))
             else:
-                self._run_turn_synchronized(episodes)
+                run_turn_synchronized(self, episodes, clock)
             for episode in episodes:
                 episode.finish("max_turns")  # no-op for episodes that already ended
         self._step += 1
-        return self._assemble(prompts, episodes, n, time.perf_counter() - started)
-
-    # ---- the two schedules ----
-    def _run_turn_synchronized(self, episodes: list[Episode]) -> None:
-        """Every turn: one generate call for all active samples, then one retriever batch."""
-        for turn in range(self.max_turns):
-            active = [ep for ep in episodes if self._ready(ep)]
-            if not active:
-                break
-            requests = [self._request(ep, turn) for ep in active]
-            outputs = self.engine.generate([r[0] for r in requests], [r[1] for r in requests])
-            calls = [(ep, action) for ep, output in zip(active, outputs)
-                     if (action := self._after_generation(ep, output, turn)) is not None]
-            if calls:
-                self._apply_tools(calls, self._execute_tools(calls))
-
-    def _run_continuous(self, episodes: list[Episode]) -> None:
-        """Each sample moves on as soon as its own turn or tool call finishes (vLLM continuous
-        batching); tool calls finishing in the same engine step share one retriever batch, and
-        one batch is in flight while the engine keeps generating for the other samples.
-
-        Only the sync's source rank calls the retriever; before every engine step it alone
-        decides whether the batch in flight has come back, and every rank applies that decision,
-        so all ranks submit the same requests at the same steps."""
-        engine = ContinuousEngine(self.inference_engine)
-        turns = {ep.index: 0 for ep in episodes}
-
-        def submit(episode: Episode) -> None:
-            if self._ready(episode):
-                prompt, params = self._request(episode, turns[episode.index])
-                engine.submit(f"{self._step}-{episode.index}-{turns[episode.index]}", prompt, params, episode)
-
-        for episode in episodes:
-            submit(episode)
-        waiting: list = []
-        inflight = None  # (future on the source rank, else None; calls)
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tools") as tools:
-            while engine.busy or waiting or inflight:
-                for episode, output in engine.step() if engine.busy else []:
-                    action = self._after_generation(episode, output, turns[episode.index])
-                    if action is not None:
-                        waiting.append((episode, action))
-                    elif not episode.done:  # corrected an invalid action: on to the next turn
-                        turns[episode.index] += 1
-                        submit(episode)
-                if inflight is not None:
-                    future, calls = inflight
-                    busy = engine.busy
-                    outcomes = self.sync.share(lambda: future.result() if future.done() or not busy else None)
-                    if outcomes is not None:
-                        inflight = None
-                        self._apply_tools(calls, self._observe_outcomes(calls, outcomes))
-                        for episode, _ in calls:
-                            turns[episode.index] += 1
-                            submit(episode)
-                if inflight is None and waiting:
-                    future = tools.submit(self._tool_outcomes, waiting) if self.sync.is_source else None
-                    inflight = (future, waiting)
-                    waiting = []
+        return self._assemble(prompts, episodes, n, clock)
 
     # ---- one turn of one sample (the shared, pure step) ----
     def _ready(self, episode: Episode) -> bool:
@@ -228,7 +170,7 @@ class vLLMRollout(BaseRollout):
     def _client_stats(self) -> dict:
         return {}
 
-    def _assemble(self, prompts: Any, episodes: list[Episode], n: int, elapsed: float) -> Any:
+    def _assemble(self, prompts: Any, episodes: list[Episode], n: int, clock: ScheduleClock) -> Any:
         meta = prompts.meta_info
         spec = BatchSpec(
             response_length=self.config.response_length,
@@ -256,7 +198,9 @@ class vLLMRollout(BaseRollout):
         for key in self._passthrough_columns(prompts):
             non_tensors[key] = object_array([prompts.non_tensor_batch[key][ep.index // n] for ep in episodes])
         meta_out = dict(meta)
-        meta_out["metrics"] = collect_metrics(episodes, self._client_stats(), elapsed)
+        timing = clock.metrics()
+        meta_out["metrics"] = collect_metrics(episodes, self._client_stats(), time.perf_counter() - clock.started)
+        meta_out["metrics"].update(timing)
         meta_out["model_family"] = self.family.name
         # Under a grammar vLLM's logprobs are those of the constrained distribution (README).
         meta_out["action_grammar"] = bool(self.sampling.action_regex)
@@ -366,6 +310,7 @@ class vLLMRolloutAgent(vLLMRollout):
             elif isinstance(action, Fetch):
                 episode.fetches += 1
             episode.retriever_errors += int(result.retriever_error)
+            episode.bad_requests += int(result.bad_request)
             episode.undecodable_pages += result.decode_errors
             step.observe(episode, result.observation)
 
