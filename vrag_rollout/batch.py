@@ -107,6 +107,7 @@ def collect_metrics(episodes: Sequence[Episode], client_stats: dict, elapsed: fl
         "rollout/fetches": float(sum(ep.fetches for ep in episodes)),
         "rollout/invalid_actions": float(sum(ep.invalid_actions for ep in episodes)),
         "rollout/retriever_errors": float(sum(ep.retriever_errors for ep in episodes)),
+        "rollout/bad_requests": float(sum(ep.bad_requests for ep in episodes)),
         "rollout/images_retrieved": float(sum(len(ep.images) for ep in episodes)),
         "rollout/images_dropped_budget": float(sum(ep.images_dropped for ep in episodes)),
         "rollout/pages_undecodable": float(sum(ep.undecodable_pages for ep in episodes)),

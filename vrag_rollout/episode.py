@@ -43,6 +43,7 @@ class Episode:
     fetches: int = 0
     invalid_actions: int = 0
     retriever_errors: int = 0
+    bad_requests: int = 0  # fetches the retriever refused as the policy's mistake (no such page)
     undecodable_pages: int = 0  # retrieved page images that could not be decoded (left out)
     images_dropped: int = 0
     answer: Optional[str] = None

@@ -36,6 +36,8 @@ import threading
 from collections import Counter
 from typing import Any, Iterable
 
+from retriever_server import contract
+
 from .retriever_client import (
     ERROR_ID,
     FetchSpec,
@@ -62,10 +64,9 @@ class FixtureMiss(LookupError):
 
 
 def canonical_spec(spec: str) -> str:
-    try:
-        return FetchSpec.parse(spec).wire()
-    except ValueError:
-        return spec.strip()  # unknown forms still key consistently
+    """The contract's canonical form of a fetch spec; unreadable forms still key consistently."""
+    parsed = contract.parse_fetch_spec(spec)
+    return contract.fetch_spec(*parsed) if parsed else spec.strip()
 
 
 def _blob_key(contents: str) -> str:

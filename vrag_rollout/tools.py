@@ -14,6 +14,9 @@ from typing import Any, Optional, Sequence, Union
 from .actions import Fetch, Search
 from .observation import Observation, ObservationBuilder
 from .retriever_client import FetchSpec, RetrievedPage, RetrieverFailure
+
+# The RetrieverFailure kind of a request the retriever refused as the asker's mistake.
+REQUEST_FAILURE = "request"
 from .vision import ImageDecodeError, PixelBand, decode_page
 
 Outcome = Union[list, RetrievedPage, RetrieverFailure]
@@ -31,6 +34,9 @@ class ObservationResult:
     observation: Optional[Observation]  # None: it did not fit the budget
     retriever_error: bool = False
     decode_errors: int = 0
+    # The retriever refused what the policy asked for (a page the document does not have, an
+    # unreadable fetch): the policy's mistake, counted apart from retriever faults.
+    bad_request: bool = False
 
 
 def call_retriever(calls: Sequence[ToolCall], client: Any, top_n: int) -> list[Outcome]:
@@ -88,7 +94,9 @@ class Observer:
     def _observe(self, action: Union[Search, Fetch], outcome: Outcome, budget: int, image_slots: int,
                  decoded: dict) -> ObservationResult:
         if isinstance(outcome, RetrieverFailure):
-            return ObservationResult(self.builder.error(outcome.message, budget), retriever_error=True)
+            mistake = outcome.kind == REQUEST_FAILURE
+            return ObservationResult(self.builder.error(outcome.message, budget), retriever_error=not mistake,
+                                     bad_request=mistake)
         pages = outcome if isinstance(outcome, list) else [outcome]
         text_pages = [p for p in pages if p.modality == "text"]
         if text_pages:
