@@ -1,6 +1,7 @@
 """FastAPI routes speaking the existing retriever wire format (see docs/retriever.md).
 
-Routing, auth and error mapping only; the work is in ``service.RetrieverService``. Request-level
+Routing, auth and error mapping only; the work is in ``service.RetrieverService``, admission
+control in ``admission``, the swappable index in ``lifecycle``, metrics in ``metrics``. Request-level
 problems (malformed JSON, wrong types, batch too large, top_n out of range) are 422s with a
 readable ``detail``; item-level problems are error items inside a normal 200 answer.
 """
@@ -9,34 +10,31 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Callable
-from os import PathLike
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import APIKeyHeader
+from pydantic import BaseModel
 
-from .backends import Backend, open_backend
-from .backends.bm25 import Bm25Backend
-from .cache import DEFAULT_CACHE_BYTES, FragmentCache
+from .admission import AdmissionGate, AdmissionLimits, AdmissionMiddleware, ComputeThreads
+from .cache import DEFAULT_CACHE_BYTES
+from .lifecycle import VERSION_HEADER, IndexSlot, LoadedIndex
 from .limits import Limits
+from .metrics import ServerMetrics
 from .schemas import (BatchFetchRequest, BatchSearchRequest, DocumentList, FetchRequest, Health,
                       Item, Problem, SearchRequest)
-from .service import RequestError, RetrieverService
-from .store import PageStore
+from .service import RequestError
 
 API_KEY_HEADER = "X-API-Key"
 _JSON = "application/json"
+# Routes that do the work and therefore pass admission control; the rest never queue.
+GATED_ROUTES = frozenset({"/batch_search", "/search", "/batch_fetch", "/fetch"})
+_KNOWN_ROUTES = GATED_ROUTES | {"/health", "/ready", "/metrics", "/documents", "/admin/reload"}
 
 
-def _as_backend(source) -> Backend:
-    if isinstance(source, Backend):
-        return source
-    if isinstance(source, PageStore):
-        return Bm25Backend.from_store(source)
-    if isinstance(source, (str, PathLike)):
-        return open_backend(source)
-    raise TypeError(f"create_app needs an index dir, a PageStore or a Backend, got {type(source)}")
+class ReloadRequest(BaseModel):
+    index: str | None = None  # an index directory; default: the one served now
 
 
 class _BodyLimit:
@@ -68,35 +66,50 @@ def _api_key_dependency(api_key: str | None) -> Callable:
     return check
 
 
-def _answer(make: Callable[[], bytes]) -> Response:
+def _answer(loaded: LoadedIndex, make: Callable[[], bytes]) -> Response:
+    # The header names the index that produced this answer (it may change on a live reload).
+    headers = {VERSION_HEADER: loaded.version}
     try:
-        return Response(make(), media_type=_JSON)
+        return Response(make(), media_type=_JSON, headers=headers)
     except RequestError as exc:
-        return JSONResponse({"detail": str(exc)}, status_code=422)
+        return JSONResponse({"detail": str(exc)}, status_code=422, headers=headers)
 
 
 def create_app(source, *, api_key: str | None = None, limits: Limits | None = None,
-               cache_bytes: int = DEFAULT_CACHE_BYTES, preload: bool = False) -> FastAPI:
+               cache_bytes: int = DEFAULT_CACHE_BYTES, preload: bool = False,
+               admission: AdmissionLimits | None = None,
+               follow_index_s: float | None = None) -> FastAPI:
     """The retriever app over an index dir, a ``PageStore`` or any ``Backend``.
 
-    ``api_key``: require ``X-API-Key`` on every route but /health. ``preload``: read every page
-    into the image cache now instead of on first use.
+    ``api_key``: require ``X-API-Key`` on every route but /health and /ready. ``preload``: read
+    every page into the image cache now instead of on first use. ``admission``: how much work
+    may run and wait at once (see ``admission.AdmissionLimits``). ``follow_index_s``: notice a
+    re-index of the served path within about that many seconds and reload by itself
+    (``lifecycle.IndexSlot``); default: only ``POST /admin/reload`` switches indexes.
     """
-    backend = _as_backend(source)
-    cache = FragmentCache(backend, cache_bytes)
-    if preload:
-        cache.warm()
-    service = RetrieverService(backend, cache, limits or Limits())
+    gate = AdmissionGate(admission or AdmissionLimits())
+    compute = ComputeThreads(gate.limits.threads)
+    metrics = ServerMetrics(queue_depth=lambda: gate.queued, in_flight=lambda: gate.in_flight)
+    slot = IndexSlot(source, limits=limits or Limits(), cache_bytes=cache_bytes, preload=preload,
+                     on_load=lambda x: metrics.index_loaded(x.version, x.path or "", x.backend_name,
+                                                            x.documents, x.pages),
+                     follow_s=follow_index_s)
     auth = [Depends(_api_key_dependency(api_key))]
     problems = {code: {"model": Problem, "description": text} for code, text in [
         (401, "missing or wrong API key"), (413, "request body too large"),
-        (422, "malformed request: wrong types, batch too large, top_n out of range")]}
+        (422, "malformed request: wrong types, batch too large, top_n out of range"),
+        (503, "overloaded: retry after the Retry-After header's seconds")]}
     # strict_content_type=False: a JSON body is read as JSON even without the header (curl -d).
     app = FastAPI(title="vrag-retriever", version="1", strict_content_type=False,
                   description="Page-image retriever: search inside one document, fetch a page. "
                               "Page ids are `<doc_id>_<page>` with 1-based pages.")
-    app.state.service = service
-    app.add_middleware(_BodyLimit, max_bytes=service.limits.max_body_bytes)
+    app.state.index = slot
+    app.state.gate = gate
+    app.state.metrics = metrics
+    app.add_middleware(_BodyLimit, max_bytes=slot.current.service.limits.max_body_bytes)
+    # Outermost: refusals are cheap and never reach routing; every answer is counted.
+    app.add_middleware(AdmissionMiddleware, gate=gate, gated=GATED_ROUTES, known=_KNOWN_ROUTES,
+                       observe=metrics.observe, refused=metrics.refused)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -106,40 +119,76 @@ def create_app(source, *, api_key: str | None = None, limits: Limits | None = No
         return JSONResponse(status_code=422, content={
             "detail": f"invalid request: {summary} (the request schema is at GET /docs)"})
 
+    # async: answered on the event loop, never behind queued work in the thread pool.
     @app.get("/health", response_model=Health)
-    def health() -> Health:
-        docs = service.documents
-        return Health(status="healthy", backend=backend.name, documents=len(docs),
-                      pages=sum(docs.values()))
+    async def health() -> Health:
+        loaded = slot.current
+        return Health(status="healthy", backend=loaded.backend_name, documents=loaded.documents,
+                      pages=loaded.pages)
+
+    @app.get("/ready")
+    async def ready() -> dict:
+        """Readiness for load balancers: an index is loaded; the gate's load, for information."""
+        loaded = slot.current
+        return {"ready": True, "index_version": loaded.version, "in_flight": gate.in_flight,
+                "queued": gate.queued, "max_in_flight": gate.limits.max_in_flight,
+                "max_queue": gate.limits.max_queue}
+
+    @app.get("/metrics", response_class=Response,
+             responses={200: {"content": {"text/plain": {}},
+                              "description": "Prometheus text format"}})
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.post("/admin/reload", dependencies=auth,
+              responses={401: problems[401], 422: problems[422],
+                         409: {"model": Problem, "description": "the index cannot be loaded"}})
+    def reload_index(req: ReloadRequest | None = None) -> dict:
+        """Load a (re)built index and switch to it; requests in flight finish on the old one."""
+        previous = slot.current.version
+        try:
+            loaded = slot.reload(req.index if req is not None else None)
+        except (OSError, ValueError) as exc:
+            raise HTTPException(status_code=409, detail=f"index not loaded, still serving "
+                                                        f"{previous}: {exc}") from exc
+        return {"index_version": loaded.version, "previous_version": previous,
+                "path": loaded.path, "documents": loaded.documents, "pages": loaded.pages}
 
     @app.get("/documents", response_model=DocumentList, dependencies=auth,
              responses={401: problems[401]})
     def list_documents() -> DocumentList:
         return DocumentList(documents=[{"doc_id": d, "num_pages": n}
-                                       for d, n in service.documents.items()])
+                                       for d, n in slot.current.service.documents.items()])
 
-    # Sync handlers: FastAPI runs them in its thread pool, keeping the event loop free for I/O.
+    async def answer(make: Callable[[LoadedIndex], bytes]) -> Response:
+        # The slot is read once per request, so a live reload never mixes two indexes in one
+        # answer; the work runs in ``compute``'s few threads, keeping the event loop free.
+        loaded = slot.follow()
+        return await compute.run(lambda: _answer(loaded, lambda: make(loaded)))
+
     @app.post("/batch_search", response_class=Response, dependencies=auth,
               responses={200: {"model": list[list[Item]], "description": "one list per query"},
                          **problems})
-    def batch_search(req: BatchSearchRequest) -> Response:
-        return _answer(lambda: service.batch_search(req.query, req.id, req.top_n, req.return_score))
+    async def batch_search(req: BatchSearchRequest) -> Response:
+        return await answer(lambda index: index.service.batch_search(req.query, req.id, req.top_n,
+                                                                     req.return_score))
 
     @app.post("/search", response_class=Response, dependencies=auth,
               responses={200: {"model": list[Item], "description": "hits, best first"}, **problems})
-    def search(req: SearchRequest) -> Response:
-        return _answer(lambda: service.search(req.query, req.id, req.top_n, req.return_score))
+    async def search(req: SearchRequest) -> Response:
+        return await answer(lambda index: index.service.search(req.query, req.id, req.top_n,
+                                                               req.return_score))
 
     @app.post("/batch_fetch", response_class=Response, dependencies=auth,
               responses={200: {"model": list[Item], "description": "one item per fetch"},
                          **problems})
-    def batch_fetch(req: BatchFetchRequest) -> Response:
-        return _answer(lambda: service.batch_fetch(req.query, req.id))
+    async def batch_fetch(req: BatchFetchRequest) -> Response:
+        return await answer(lambda index: index.service.batch_fetch(req.query, req.id))
 
     @app.post("/fetch", response_class=Response, dependencies=auth,
               responses={200: {"model": list[Item], "description": "one item"}, **problems})
-    def fetch(req: FetchRequest) -> Response:
+    async def fetch(req: FetchRequest) -> Response:
         # ALDEN's single-page fetch; same items as /batch_fetch.
-        return _answer(lambda: service.batch_fetch([req.query], [req.id]))
+        return await answer(lambda index: index.service.batch_fetch([req.query], [req.id]))
 
     return app

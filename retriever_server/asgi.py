@@ -4,19 +4,44 @@ environment because each worker process builds its own app."""
 from __future__ import annotations
 
 import os
+import sys
 
 from fastapi import FastAPI
 
+from .admission import AdmissionLimits
 from .app import create_app
 
 ENV_INDEX = "VRAG_RETRIEVER_INDEX"
 ENV_API_KEY = "VRAG_RETRIEVER_API_KEY"
 ENV_PRELOAD = "VRAG_RETRIEVER_PRELOAD"
+ENV_MAX_IN_FLIGHT = "VRAG_RETRIEVER_MAX_IN_FLIGHT"
+ENV_MAX_QUEUE = "VRAG_RETRIEVER_MAX_QUEUE"
+ENV_MAX_WAIT = "VRAG_RETRIEVER_MAX_WAIT_S"
+ENV_THREADS = "VRAG_RETRIEVER_THREADS"
+ENV_FOLLOW = "VRAG_RETRIEVER_FOLLOW_INDEX_S"
+
+
+def admission_from_env() -> AdmissionLimits:
+    default = AdmissionLimits()
+    return AdmissionLimits(
+        max_in_flight=int(os.environ.get(ENV_MAX_IN_FLIGHT, default.max_in_flight)),
+        max_queue=int(os.environ.get(ENV_MAX_QUEUE, default.max_queue)),
+        max_wait_s=float(os.environ.get(ENV_MAX_WAIT, default.max_wait_s)),
+        threads=int(os.environ.get(ENV_THREADS, default.threads)))
+
+
+# GIL hand-over interval in a serving process. The event loop thread (reading requests,
+# refusing, /health) waits up to this long for the GIL while worker threads compute; CPython's
+# default of 5 ms makes every wake-up of the loop that slow under load.
+SWITCH_INTERVAL_S = 0.001
 
 
 def app_from_env() -> FastAPI:
     index = os.environ.get(ENV_INDEX)
     if not index:
         raise RuntimeError(f"set {ENV_INDEX} to an index directory")
+    sys.setswitchinterval(SWITCH_INTERVAL_S)  # this process only serves
     return create_app(index, api_key=os.environ.get(ENV_API_KEY) or None,
-                      preload=os.environ.get(ENV_PRELOAD, "0") == "1")
+                      preload=os.environ.get(ENV_PRELOAD, "0") == "1",
+                      admission=admission_from_env(),
+                      follow_index_s=float(os.environ.get(ENV_FOLLOW, "0")) or None)

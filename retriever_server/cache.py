@@ -31,7 +31,8 @@ class FragmentCache:
                 return fragment
         # Encode outside the lock; two threads may both encode a cold page, which is harmless.
         image = self._backend.page_image(doc_id, page)
-        fragment = make_fragment(doc_id, page, image.jpeg, image.mime)
+        fragment = make_fragment(doc_id, page, image.jpeg, image.mime,
+                                 dict(self._backend.page_info(doc_id, page)))
         with self._lock:
             if key not in self._items:
                 self._items[key] = fragment

@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from .admission import AdmissionLimits
 from .imaging import DEFAULT_DPI, DEFAULT_JPEG_QUALITY, DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
 
 
@@ -25,11 +26,15 @@ def _cmd_index(args) -> int:
 
     out = build_index([Path(s) for s in args.sources], Path(args.out), min_pixels=args.min_pixels,
                       max_pixels=args.max_pixels, jpeg_quality=args.jpeg_quality, ocr=args.ocr,
-                      dpi=args.dpi, workers=args.workers)
+                      dpi=args.dpi, workers=args.workers, encoder=args.encoder,
+                      backend=args.backend, qdrant_url=args.qdrant_url, search=args.search)
     from .store import PageStore
 
-    docs = PageStore.open(out).documents()
-    print(f"indexed {len(docs)} document(s), {sum(docs.values())} page(s) into {out}")
+    store = PageStore.open(out)
+    docs, info = store.documents(), store.manifest.backend
+    how = info["kind"] if info["kind"] == "bm25" else f"{info['kind']}, {info['search']}, " \
+                                                      f"{info['encoder']['fingerprint']}"
+    print(f"indexed {len(docs)} document(s), {sum(docs.values())} page(s) into {out} ({how})")
     return 0
 
 
@@ -45,10 +50,27 @@ def _cmd_serve(args) -> int:
               file=sys.stderr)
         return 2
     from .manifest import read_manifest
+    from .swap import recover
 
-    read_manifest(Path(args.index))  # fail fast, in this process, on a bad index dir
+    recover(Path(args.index))  # finish or undo a re-index swap that a crash interrupted
+    manifest = read_manifest(Path(args.index))  # fail fast, in this process, on a bad index dir
+    from .dense_index import ENV_ENCODER, resolve_encoder
+
+    # Refuse an index built for another encoder (or none) before any worker starts.
+    resolve_encoder(manifest.backend, args.encoder)
+    if args.workers > 1 and "path" in manifest.backend.get("qdrant", {}):
+        raise ValueError("this index keeps its vectors in Qdrant local mode, which one process "
+                         "can open; serve it with --workers 1 (or index with --qdrant-url)")
+    if args.encoder:  # the worker processes check it again when they open the index
+        os.environ[ENV_ENCODER] = args.encoder
     os.environ[asgi.ENV_INDEX] = str(Path(args.index).absolute())
     os.environ[asgi.ENV_PRELOAD] = "1" if args.preload else "0"
+    os.environ[asgi.ENV_MAX_IN_FLIGHT] = str(args.max_in_flight)
+    os.environ[asgi.ENV_MAX_QUEUE] = str(args.max_queue)
+    os.environ[asgi.ENV_MAX_WAIT] = str(args.max_wait)
+    os.environ[asgi.ENV_THREADS] = str(args.threads)
+    os.environ[asgi.ENV_FOLLOW] = str(args.follow_index)
+    asgi.admission_from_env()  # fail fast on bad limits
     if api_key:
         os.environ[asgi.ENV_API_KEY] = api_key
     # The factory form lets --workers start several processes, each with its own index copy.
@@ -62,19 +84,6 @@ def _cmd_sample_corpus(args) -> int:
 
     for path in write_sample_corpus(Path(args.out_dir)):
         print(path)
-    return 0
-
-
-def _cmd_record_fixtures(args) -> int:
-    # Recording belongs to the rollout package (it knows which calls the demo makes); this
-    # subcommand forwards to it so both CLIs can drive it.
-    try:
-        from vrag_rollout.demo import record_demo_fixtures
-    except ImportError as exc:
-        print(f"record-fixtures needs the vrag_rollout package: {exc}", file=sys.stderr)
-        return 2
-    record_demo_fixtures(Path(args.out), args.url)
-    print(f"wrote {args.out}")
     return 0
 
 
@@ -94,6 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="OCR pages without a text layer with tesseract (auto: when installed)")
     p.add_argument("--workers", type=int, default=None,
                    help="ingest processes (default: one per CPU for 64+ pages)")
+    p.add_argument("--encoder", default=None, metavar="NAME:PATH",
+                   help="dense page encoder from a local checkpoint, e.g. colqwen2:/models/colqwen2")
+    p.add_argument("--backend", choices=("bm25", "qdrant"), default=None,
+                   help="search engine (default: qdrant with --encoder, else bm25)")
+    p.add_argument("--qdrant-url", default=None, metavar="URL",
+                   help="Qdrant server (default: Qdrant local mode inside the index directory)")
+    p.add_argument("--search", choices=("hybrid", "dense"), default=None,
+                   help="with qdrant: fuse BM25 and dense ranks (hybrid, default) or dense only")
     p.set_defaults(func=_cmd_index)
 
     p = sub.add_parser("serve", help="serve an index over HTTP")
@@ -105,6 +122,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bind a non-loopback host without an API key")
     p.add_argument("--workers", type=int, default=1, help="server processes")
     p.add_argument("--preload", action="store_true", help="load every page image at start-up")
+    p.add_argument("--encoder", default=None, metavar="NAME:PATH",
+                   help="the dense encoder's checkpoint, when not where the index recorded it; "
+                        "must be the checkpoint the index was built with")
+    p.add_argument("--max-in-flight", type=int, default=AdmissionLimits.max_in_flight,
+                   help="requests worked on at once, per process")
+    p.add_argument("--max-queue", type=int, default=AdmissionLimits.max_queue,
+                   help="requests waiting beyond those, per process; more are refused (503)")
+    p.add_argument("--max-wait", type=float, default=AdmissionLimits.max_wait_s,
+                   help="seconds a request may wait for a slot before it is refused (503)")
+    p.add_argument("--threads", type=int, default=AdmissionLimits.threads,
+                   help="threads computing answers at once, per process")
+    p.add_argument("--follow-index", type=float, default=0.0, metavar="SECONDS",
+                   help="reload by itself within about SECONDS when INDEX_DIR is re-indexed "
+                        "(every worker process; default 0: only POST /admin/reload)")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=_cmd_serve)
 
@@ -112,12 +143,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out_dir", metavar="OUT_DIR")
     p.set_defaults(func=_cmd_sample_corpus)
 
-    p = sub.add_parser("record-fixtures", help="record the demo's retriever traffic from a live "
-                                               "server, for replay (vrag_rollout.demo)")
-    p.add_argument("--out", required=True, help="fixture file to write")
-    p.add_argument("--url", default=None,
-                   help="base URL of a running retriever (default: the sample corpus, served here)")
-    p.set_defaults(func=_cmd_record_fixtures)
     return parser
 
 

@@ -25,10 +25,11 @@ MODALITIES = ("image", "text")
 
 # Error codes.
 MALFORMED_FETCH = "malformed_fetch"  # the fetch spec cannot be read
+MALFORMED_QUERY = "malformed_query"  # an empty or over-long search query
 PAGE_OUT_OF_RANGE = "page_out_of_range"  # the document has no such page
 UNKNOWN_DOCUMENT = "unknown_document"  # the index has no such document (a data problem)
 UNREADABLE = "unreadable"  # the server could not read a page it has (a server fault)
-REQUEST_CODES = frozenset({MALFORMED_FETCH, PAGE_OUT_OF_RANGE})
+REQUEST_CODES = frozenset({MALFORMED_FETCH, MALFORMED_QUERY, PAGE_OUT_OF_RANGE})
 
 _FETCH = re.compile(r"^\s*(image|text)\s*,\s*(\d{1,9})\s*$", re.IGNORECASE)
 _NTH = re.compile(r"^\s*(\d{1,9})\s*-\s*th\s*$", re.IGNORECASE)

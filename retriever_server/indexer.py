@@ -2,7 +2,8 @@
 
 Everything goes into a temporary directory beside the target, which is renamed into place only
 once complete, so readers never see a half-written index. Re-indexing builds a fresh directory
-and swaps it in (the previous one is removed after the swap).
+and swaps it in crash-safely (``swap.py``: the previous one is removed after the swap, or later
+while a server still reads it).
 
 Pages are ingested in chunks (a page range of one document); with ``workers > 1`` the chunks
 run in worker processes (render + JPEG encode is CPU-bound and pdfium is not thread-safe).
@@ -15,7 +16,6 @@ import multiprocessing
 import os
 import shutil
 import sys
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +25,7 @@ from tqdm import tqdm
 from .imaging import DEFAULT_DPI, DEFAULT_JPEG_QUALITY, DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
 from .ingest import DocSource, OcrPolicy, count_pages, discover, iter_pages
 from .manifest import MANIFEST_NAME, DocEntry, Manifest, PageEntry, image_name, write_manifest
+from .swap import new_build_dir, recover, swap_in
 
 CHUNK_PAGES = 16
 # Below this many pages, starting worker processes costs more than it saves.
@@ -56,7 +57,8 @@ def _ingest_chunk(chunk: _Chunk) -> tuple[list[PageEntry], int]:
         name = image_name(chunk.first_row + offset)
         (chunk.out / name).write_bytes(page.jpeg)
         entries.append(PageEntry(chunk.doc.doc_id, page.page, page.text, page.text_source, name,
-                                 page.width, page.height, len(page.jpeg)))
+                                 page.width, page.height, len(page.jpeg), page.role,
+                                 list(page.headings)))
     if len(entries) != chunk.last - chunk.first + 1:
         raise ValueError(f"{chunk.doc.path}: expected pages {chunk.first}..{chunk.last}, "
                          f"read {len(entries)}")
@@ -66,31 +68,42 @@ def _ingest_chunk(chunk: _Chunk) -> tuple[list[PageEntry], int]:
 def build_index(sources: list[Path], out_dir: Path, *, min_pixels: int = DEFAULT_MIN_PIXELS,
                 max_pixels: int = DEFAULT_MAX_PIXELS, jpeg_quality: int = DEFAULT_JPEG_QUALITY,
                 ocr: str = "auto", dpi: float = DEFAULT_DPI, progress: bool = True,
-                workers: int | None = None) -> Path:
+                workers: int | None = None, encoder: str | None = None,
+                backend: str | None = None, qdrant_url: str | None = None,
+                search: str | None = None) -> Path:
     """Index ``sources`` (PDFs, folders of PDFs, folders of page images) into ``out_dir``.
 
     ``workers``: ingest processes (default: one per CPU for corpora of 64+ pages, else 1).
+    ``encoder`` (``NAME:PATH``), ``backend`` (``bm25`` | ``qdrant``; default ``qdrant`` with an
+    encoder), ``qdrant_url`` (default: local mode inside the index) and ``search`` (``hybrid`` |
+    ``dense``) add dense multi-vector search (``dense_index``).
     """
+    from .dense_index import DenseOptions
+
+    dense = DenseOptions.from_args(encoder, backend, qdrant_url, search)
     out_dir = Path(out_dir).absolute()
     if not 18 <= dpi <= 600:
         raise ValueError(f"dpi must be in 18..600, got {dpi}")
     if not 1 <= jpeg_quality <= 95:
         raise ValueError(f"jpeg_quality must be in 1..95, got {jpeg_quality}")
+    recover(out_dir)  # finish or undo a swap that a crash interrupted (see swap.py)
     if out_dir.exists() and not (out_dir / MANIFEST_NAME).is_file():
         raise FileExistsError(f"{out_dir} exists and is not an index; refusing to replace it")
     docs = discover([Path(s) for s in sources])
     OcrPolicy(ocr)  # validate the mode (and tesseract for "on") before any work
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
+    tmp, claim = new_build_dir(out_dir)
     try:
         settings = {"min_pixels": min_pixels, "max_pixels": max_pixels,
                     "quality": jpeg_quality, "ocr": ocr, "dpi": dpi}
-        manifest, skipped = _build_into(tmp, docs, settings, progress, workers)
+        manifest, skipped = _build_into(tmp, docs, settings, progress, workers, dense)
         write_manifest(tmp, manifest)
-        _swap_in(tmp, out_dir)
+        swap_in(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(claim)
     if skipped:
         print(f"notice: {skipped} page(s) have no text layer and tesseract is not installed; "
               f"they are indexed without text (install tesseract-ocr to OCR them)", file=sys.stderr)
@@ -112,7 +125,7 @@ def _plan(docs: list[DocSource], tmp: Path, settings: dict) -> tuple[list[_Chunk
 
 
 def _build_into(tmp: Path, docs, settings: dict, progress: bool,
-                workers: int | None) -> tuple[Manifest, int]:
+                workers: int | None, dense=None) -> tuple[Manifest, int]:
     (tmp / "pages").mkdir()
     chunks, doc_entries = _plan(docs, tmp, settings)
     total = sum(d.num_pages for d in doc_entries)
@@ -139,7 +152,12 @@ def _build_into(tmp: Path, docs, settings: dict, progress: bool,
     # Imported here: bm25s pulls in numba, which ingest worker processes do not need.
     from .backends import bm25
 
-    backend = bm25.build([p.text for p in pages], tmp)
+    pages = _without_running_headings(pages, doc_entries)
+    backend = bm25.build(pages, tmp)
+    if dense is not None:
+        from .dense_index import add_dense
+
+        backend = add_dense(tmp, pages, backend, dense, progress)
     recorded = {k: v for k, v in settings.items() if k != "quality"}
     manifest = Manifest(docs=doc_entries, pages=pages, backend=backend,
                         settings={**recorded, "jpeg_quality": settings["quality"]})
@@ -147,17 +165,18 @@ def _build_into(tmp: Path, docs, settings: dict, progress: bool,
     return manifest, skipped
 
 
-def _swap_in(tmp: Path, out_dir: Path) -> None:
-    if not out_dir.exists():
-        tmp.rename(out_dir)
-        return
-    # Two renames: the old index moves aside, the new one takes its name; then the old one goes.
-    old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-    old.rmdir()
-    out_dir.rename(old)
-    try:
-        tmp.rename(out_dir)
-    except BaseException:
-        old.rename(out_dir)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+def _without_running_headings(pages: list[PageEntry], docs: list[DocEntry]) -> list[PageEntry]:
+    """Headings that recur across a document's pages are running headers: drop them."""
+    from dataclasses import replace
+
+    from .headings import drop_running_lines
+
+    out = list(pages)
+    for doc in docs:
+        rows = range(doc.first_row, doc.first_row + doc.num_pages)
+        kept = drop_running_lines([tuple(pages[r].headings) for r in rows])
+        for r, heads in zip(rows, kept, strict=True):
+            if list(heads) != pages[r].headings:
+                out[r] = replace(pages[r], headings=list(heads))
+    return out
+

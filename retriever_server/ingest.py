@@ -1,7 +1,8 @@
 """Turn sources (PDFs, folders of PDFs, folders of page images) into pages.
 
 Discovery decides what the documents are (doc id = file stem or folder name); page extraction
-reads one document and yields, per 1-based page, its text and its JPEG bytes at the stored size.
+reads one document and yields, per 1-based page, its text and its JPEG bytes at the stored size,
+plus the page's role (``roles``) and heading lines (``headings``, from font sizes in the text layer).
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from pathlib import Path
 import pypdfium2 as pdfium
 from PIL import Image
 
+from . import headings as headings_mod
 from . import ocr as ocr_mod
+from . import roles as roles_mod
 from .imaging import DEFAULT_DPI, encode_jpeg, fit_to_budget
+from .layout import page_lines
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".bmp", ".gif"})
 OCR_MODES = ("auto", "on", "off")
@@ -39,6 +43,21 @@ class IngestedPage:
     jpeg: bytes
     width: int
     height: int
+    role: str = roles_mod.BODY
+    headings: tuple[str, ...] = ()
+
+
+def describe(lines: list[headings_mod.Line], page: int, num_pages: int) -> tuple[str, tuple[str, ...]]:
+    """A page's role and headings; contents and index pages have entries, not headings."""
+    role = roles_mod.classify([line.text for line in lines], page, num_pages)
+    if role in (roles_mod.CONTENTS, roles_mod.INDEX):
+        return role, ()
+    return role, headings_mod.detect(lines)
+
+
+def _plain_lines(text: str) -> list[headings_mod.Line]:
+    """Lines of text without font data (OCR output)."""
+    return [headings_mod.Line(line) for line in text.splitlines()]
 
 
 def _natural_key(path: Path) -> list:
@@ -144,6 +163,7 @@ def _pdf_pages(path: Path, min_pixels: int, max_pixels: int, quality: int, ocr: 
             page = pdf[index]
             textpage = page.get_textpage()
             text = textpage.get_text_range().replace("\r\n", "\n")
+            lines = page_lines(textpage)
             textpage.close()
             width_pt, height_pt = page.get_size()
             if page.get_rotation() in (90, 270):
@@ -159,8 +179,11 @@ def _pdf_pages(path: Path, min_pixels: int, max_pixels: int, quality: int, ocr: 
             if ocr.wants(text):
                 scan = page.render(scale=OCR_DPI / 72, rev_byteorder=True).to_pil()
                 text, source = ocr_mod.ocr_image(scan), "ocr"
+                lines = _plain_lines(text)
             page.close()
-            yield IngestedPage(index + 1, text, source, encode_jpeg(image, size, quality), *size)
+            role, heads = describe(lines, index + 1, len(pdf))
+            yield IngestedPage(index + 1, text, source, encode_jpeg(image, size, quality), *size,
+                               role=role, headings=heads)
     finally:
         pdf.close()
 
@@ -188,4 +211,6 @@ def _image_pages(paths: tuple[Path, ...], min_pixels: int, max_pixels: int, qual
         text, source = "", "none"
         if ocr.wants(text):
             text, source = ocr_mod.ocr_image(image), "ocr"
-        yield IngestedPage(number, text, source, encode_jpeg(image, size, quality), *size)
+        role, heads = describe(_plain_lines(text), number, len(paths))
+        yield IngestedPage(number, text, source, encode_jpeg(image, size, quality), *size,
+                           role=role, headings=heads)

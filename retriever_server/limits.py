@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from . import contract
 
 
 @dataclass(frozen=True)
@@ -44,18 +45,9 @@ def page_problem(doc_id: str, page: int, documents: Mapping[str, int]) -> str | 
     return f"page {page} is out of range; document {_quote(doc_id)} has pages 1..{count}"
 
 
-_FETCH_RE = re.compile(r"^\s*(image|text)\s*,\s*(\d{1,9})\s*$", re.IGNORECASE)
-# ALDEN's models also wrote "3-th" for "the image of page 3".
-_NTH_RE = re.compile(r"^\s*(\d{1,9})\s*-\s*th\s*$", re.IGNORECASE)
-
-
 def parse_fetch_spec(spec: str) -> tuple[str, int] | None:
     """``"image, 3"`` / ``"text, 3"`` / ``"3-th"`` -> (modality, 1-based page); None if malformed."""
-    if (m := _FETCH_RE.match(spec)) is not None:
-        return m.group(1).lower(), int(m.group(2))
-    if (m := _NTH_RE.match(spec)) is not None:
-        return "image", int(m.group(1))
-    return None
+    return contract.parse_fetch_spec(spec)
 
 
 def fetch_spec_problem(spec: str) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 FORMAT = "vrag-retriever-index"
@@ -33,6 +33,9 @@ class PageEntry:
     width: int
     height: int
     bytes: int
+    # Optional (absent in indexes built before page roles): see retriever_server.roles / headings.
+    role: str = "body"
+    headings: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

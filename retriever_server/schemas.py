@@ -43,6 +43,8 @@ class Item(BaseModel):
     page: int | None = None
     mime: str | None = None
     score: float | None = None
+    role: str | None = Field(None, description='page role: "body", "contents", "index" or "front"')
+    headings: list[str] | None = Field(None, description="heading lines found on the page")
 
 
 class DocumentInfo(BaseModel):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from . import wire
+from . import contract, wire
 from .backends.base import Backend, Hit
 from .cache import FragmentCache
 from .limits import Limits, doc_problem, fetch_spec_problem, page_problem, parse_fetch_spec, query_problem
@@ -48,14 +48,15 @@ class RetrieverService:
 
     # -- search ----------------------------------------------------------------------------
     def search_items(self, queries: list[str], doc_ids: list[str],
-                     top_n: int) -> list[list[Hit] | str]:
-        """Hits per item, or the reason string for an item that cannot be searched."""
-        out: list[list[Hit] | str] = [""] * len(queries)
+                     top_n: int) -> list[list[Hit] | tuple[str, str]]:
+        """Hits per item, or (reason, contract error code) for an item that cannot be searched."""
+        out: list[list[Hit] | tuple[str, str]] = [[] for _ in queries]
         todo = []
         for i, (query, doc_id) in enumerate(zip(queries, doc_ids, strict=True)):
-            problem = doc_problem(doc_id, self.documents) or query_problem(query, self.limits)
-            if problem:
-                out[i] = problem
+            if problem := doc_problem(doc_id, self.documents):
+                out[i] = (problem, contract.UNKNOWN_DOCUMENT)
+            elif problem := query_problem(query, self.limits):
+                out[i] = (problem, contract.MALFORMED_QUERY)
             else:
                 todo.append(i)
         if todo:
@@ -68,21 +69,21 @@ class RetrieverService:
                 out[i] = hits
         return out
 
-    def _search_one(self, query: str, doc_id: str, top_n: int) -> list[Hit] | str:
+    def _search_one(self, query: str, doc_id: str, top_n: int) -> list[Hit] | tuple[str, str]:
         # After a failed batch, retry item by item so one bad item cannot sink the others.
         try:
             return self.backend.search([query], [doc_id], top_n)[0]
         except Exception as exc:  # noqa: BLE001 - reported to the caller as an item error
-            return f"search failed: {type(exc).__name__}"
+            return f"search failed: {type(exc).__name__}", contract.UNREADABLE
 
-    def _hits_parts(self, hits: list[Hit] | str, with_score: bool, parts: list[bytes]) -> None:
-        if not isinstance(hits, str):
+    def _hits_parts(self, hits: list[Hit] | tuple[str, str], with_score: bool, parts: list[bytes]) -> None:
+        if not isinstance(hits, tuple):
             try:
                 fragments = [self.cache.get(hit.doc_id, hit.page) for hit in hits]
             except (KeyError, IndexError, OSError) as exc:
-                hits = _unreadable(exc)
-        if isinstance(hits, str):
-            parts += [b"[", wire.error_item(hits), b"]"]
+                hits = (_unreadable(exc), contract.UNREADABLE)
+        if isinstance(hits, tuple):
+            parts += [b"[", wire.error_item(*hits), b"]"]
             return
         parts.append(b"[")
         for j, (hit, fragment) in enumerate(zip(hits, fragments, strict=True)):
@@ -113,12 +114,13 @@ class RetrieverService:
     def _fetch_parts(self, spec: str, doc_id: str) -> list[bytes]:
         parsed = parse_fetch_spec(spec) if len(spec) <= self.limits.max_query_chars else None
         if parsed is None:
-            return [wire.error_item(fetch_spec_problem(spec))]
+            return [wire.error_item(fetch_spec_problem(spec), contract.MALFORMED_FETCH)]
         modality, page = parsed
-        problem = doc_problem(doc_id, self.documents) or page_problem(doc_id, page, self.documents)
-        if problem:
-            return [wire.error_item(problem)]
-        spec_id = f"{modality}, {page}"
+        if problem := doc_problem(doc_id, self.documents):
+            return [wire.error_item(problem, contract.UNKNOWN_DOCUMENT)]
+        if problem := page_problem(doc_id, page, self.documents):
+            return [wire.error_item(problem, contract.PAGE_OUT_OF_RANGE)]
+        spec_id = contract.fetch_spec(modality, page)
         try:
             if modality == "text":
                 return [wire.item_json(spec_id, self.backend.page_text(doc_id, page),

@@ -6,11 +6,14 @@ request can name a path.
 
 from __future__ import annotations
 
+import os
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from .manifest import DocEntry, Manifest, PageEntry, read_manifest
+from .swap import open_shared
 
 
 class IndexReplacedError(OSError):
@@ -29,15 +32,22 @@ class PageStore:
     def __init__(self, root: Path, manifest: Manifest):
         self.root = Path(root).resolve()
         self.manifest = manifest
-        # Re-indexing swaps a new directory in under the same name; remember which one we opened
-        # so a long-running server never serves the new index's images under the old manifest.
-        self._root_inode = self.root.stat().st_ino
+        # Re-indexing swaps a new directory in under the same name. Pages are read through a
+        # descriptor of the directory opened here, so this store keeps serving the index it
+        # opened; its shared lock keeps a swap from deleting that directory (see swap.py).
+        self._dir_fd = open_shared(self.root)
+        weakref.finalize(self, os.close, self._dir_fd)
         self._docs: dict[str, DocEntry] = {d.doc_id: d for d in manifest.docs}
         self._page_counts = {d.doc_id: d.num_pages for d in manifest.docs}
 
     @classmethod
     def open(cls, index_dir) -> "PageStore":
         return cls(Path(index_dir), read_manifest(Path(index_dir)))
+
+    @property
+    def inode(self) -> int:
+        """Inode of the directory this store reads (the same one even after a swap renamed it)."""
+        return os.fstat(self._dir_fd).st_ino
 
     def documents(self) -> Mapping[str, int]:
         """doc_id -> number of pages, in index order."""
@@ -64,10 +74,12 @@ class PageStore:
     def page_image(self, doc_id: str, page: int) -> PageImage:
         entry = self.entry(doc_id, page)
         try:
-            data = (self.root / entry.image).read_bytes()
+            fd = os.open(entry.image, os.O_RDONLY, dir_fd=self._dir_fd)
+            with open(fd, "rb") as f:
+                data = f.read()
         except FileNotFoundError:
             data = b""
-        if len(data) != entry.bytes or self.root.stat().st_ino != self._root_inode:
+        if len(data) != entry.bytes:  # the directory was deleted or altered under us
             raise IndexReplacedError(f"the index at {self.root.name} was rebuilt since the server "
-                                     f"started; restart the retriever")
+                                     f"started and its old files are gone; restart the retriever")
         return PageImage(data, entry.width, entry.height)

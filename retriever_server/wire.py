@@ -12,10 +12,10 @@ import json
 import math
 from dataclasses import dataclass
 
+from . import contract
 
-def page_id(doc_id: str, page: int) -> str:
-    """VRAG's page naming: ``<doc>_<page>``, page 1-based."""
-    return f"{doc_id}_{page}"
+
+page_id = contract.page_id  # VRAG's page naming: ``<doc>_<page>``, page 1-based
 
 
 def _s(value: str) -> bytes:
@@ -35,9 +35,13 @@ class PageFragment:
         return len(self.head) + len(self.b64) + len(self.tail)
 
 
-def make_fragment(doc_id: str, page: int, jpeg: bytes, mime: str = "image/jpeg") -> PageFragment:
+def make_fragment(doc_id: str, page: int, jpeg: bytes, mime: str = "image/jpeg",
+                  extra: dict | None = None) -> PageFragment:
+    """``extra``: optional page fields (e.g. ``role``, ``headings``) appended after ``mime``."""
     head = b'{"id":' + _s(page_id(doc_id, page)) + b',"contents":"'
     tail = b'","doc_id":' + _s(doc_id) + b',"page":' + str(page).encode() + b',"mime":' + _s(mime)
+    for key, value in (extra or {}).items():
+        tail += b"," + _s(key) + b":" + json.dumps(value).encode("ascii")
     return PageFragment(head, base64.b64encode(jpeg), tail)
 
 
@@ -60,8 +64,9 @@ def item_json(item_id: str, contents: str, **extra) -> bytes:
     return json.dumps({"id": item_id, "contents": contents, **extra}).encode("ascii")
 
 
-def error_item(reason: str) -> bytes:
-    return item_json("error", reason)
+def error_item(reason: str, code: str = contract.UNREADABLE) -> bytes:
+    """``{"id": "error", "contents": reason, "code": code}`` (codes in ``contract``)."""
+    return json.dumps(contract.error_fields(reason, code)).encode("ascii")
 
 
 def json_list(items: list[bytes]) -> list[bytes]:

@@ -8,8 +8,19 @@
    per batch, queries/s, bytes per page. Each client checks that its first answer ranks the
    queried page first (the queries are words taken from one page).
 
-Targets (2-core machine): p50 < 150 ms per 64-query batch, > 500 queries/s, indexing > 50 pages/s.
+4. Unless ``--no-qdrant``: indexes the first ``--qdrant-docs`` documents again with the Qdrant
+   backend (local mode, dense MaxSim search) and a ColQwen2 encoder (``--encoder colqwen2:PATH``;
+   default: the tiny random ColQwen2 built offline, so the numbers measure the engine and the
+   serving path, not a real model's forward pass), serves it the same way and reports its
+   encoding rate, latency and throughput beside the BM25 numbers (no targets; the tiny model
+   ranks at random, so its answers are not checked). Qdrant's local mode is qdrant-client's
+   pure-Python engine (meant for tests; it scans every point per query), so these numbers are a
+   floor for the serving path, not what a Qdrant server (``--qdrant-url``) does.
+
+Targets (2-core machine, BM25): p50 < 150 ms per 64-query batch, > 500 queries/s, indexing
+> 50 pages/s.
 Usage: python scripts/bench_retriever.py [--pages 2000] [--clients 4] [--duration 15]
+       [--no-qdrant] [--qdrant-docs 3] [--encoder colqwen2:PATH]
 """
 
 from __future__ import annotations
@@ -155,7 +166,7 @@ def _client(port: int, batches: list[bytes], expect: list[list[str]], stop_at: f
         latencies.append(time.perf_counter() - t0)
         if resp.status != 200:
             errors.append(f"HTTP {resp.status}")
-        elif i == 0:  # verify one full answer per client, outside the timed section
+        elif i == 0 and expect:  # verify one full answer per client, outside the timed section
             got = [hits[0]["id"] if hits and hits[0]["id"] != "error" else "error"
                    for hits in json.loads(data)]
             wrong = sum(g != e for g, e in zip(got, expect[0]))
@@ -175,7 +186,8 @@ def run_load(port: int, batches: list[bytes], expect: list[list[str]], clients: 
     start = time.monotonic()
     stop_at = start + duration
     threads = [threading.Thread(target=_client, args=(port, batches[k::clients] or batches,
-                                                      expect[k::clients] or expect, stop_at,
+                                                      (expect[k::clients] or expect) if expect
+                                                      else None, stop_at,
                                                       latencies[k], errors[k], totals[k]))
                for k in range(clients)]
     for t in threads:
@@ -205,6 +217,10 @@ def main() -> int:
     ap.add_argument("--dpi", type=float, default=DEFAULT_DPI, help="PDF render resolution")
     ap.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS)
     ap.add_argument("--workdir", type=Path, default=None, help="keep corpus and index here")
+    ap.add_argument("--no-qdrant", action="store_true", help="skip the Qdrant backend")
+    ap.add_argument("--qdrant-docs", type=int, default=3, help="documents indexed for Qdrant")
+    ap.add_argument("--encoder", default=None,
+                    help="colqwen2:PATH for Qdrant (default: the tiny random ColQwen2)")
     args = ap.parse_args()
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-retriever-"))
@@ -241,22 +257,10 @@ def main() -> int:
                                    "return_score": False}).encode())
         expect.append([f"{d}_{p}" for d, p in chosen])
 
-    port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    server = subprocess.Popen(
-        [sys.executable, "-m", "retriever_server.cli", "serve", "--index", str(index), "--host",
-         "127.0.0.1", "--port", str(port), "--workers", str(args.workers), "--preload",
-         "--log-level", "warning"], env=env)
     try:
-        _wait_healthy(port, server)
-        run_load(port, batches, expect, args.clients, 2.0)  # warm-up
-        cpu0 = _cpu_seconds(server.pid)
-        res = run_load(port, batches, expect, args.clients, args.duration)
-        server_cpu_ms = 1000 * (_cpu_seconds(server.pid) - cpu0) / max(1, res["batches"])
-        load_avg = os.getloadavg()[0]
+        res, server_cpu_ms, load_avg = serve_and_load(index, batches, expect, args.workers, args)
+        dense = None if args.no_qdrant else bench_qdrant(work, page_words, args)
     finally:
-        server.terminate()
-        server.wait(timeout=30)
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -277,10 +281,69 @@ def main() -> int:
         ("indexing pages/s", f"{index_pps:.0f}", f"> {TARGET_INDEX_PPS:.0f}", index_pps > TARGET_INDEX_PPS),
         ("no errors, right pages", str(len(res["errors"])), "0", not res["errors"]),
     ]
+    if dense is not None:
+        print(f"qdrant (local mode, dense MaxSim, encoder {dense['encoder']}): "
+              f"{dense['pages']} pages of {args.qdrant_docs} documents")
+        print(f"  indexing incl. encoding: {dense['index_pps']:.1f} pages/s; "
+              f"{dense['vectors']} vectors per page")
+        print(f"  latency per batch: p50 {dense['res']['p50_ms']:.1f} ms, "
+              f"p99 {dense['res']['p99_ms']:.1f} ms; {dense['res']['qps']:.0f} queries/s "
+              f"(query encoding included); server CPU per batch {dense['cpu_ms']:.1f} ms")
+        if dense["res"]["errors"]:
+            print(f"  errors: {len(dense['res']['errors'])}, e.g. {dense['res']['errors'][:3]}")
     print()
     for name, got, want, ok in checks:
         print(f"{'PASS' if ok else 'FAIL'}  {name}: {got} (target {want})")
     return 0 if all(ok for *_, ok in checks) else 1
+
+
+def serve_and_load(index: Path, batches, expect, workers: int, args) -> tuple[dict, float, float]:
+    """Serve ``index`` in a subprocess, warm up, and drive it; (results, CPU ms/batch, load)."""
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    server = subprocess.Popen(
+        [sys.executable, "-m", "retriever_server.cli", "serve", "--index", str(index), "--host",
+         "127.0.0.1", "--port", str(port), "--workers", str(workers), "--preload",
+         "--log-level", "warning"], env=env)
+    try:
+        _wait_healthy(port, server)
+        run_load(port, batches, expect, args.clients, 2.0)  # warm-up
+        cpu0 = _cpu_seconds(server.pid)
+        res = run_load(port, batches, expect, args.clients, args.duration)
+        server_cpu_ms = 1000 * (_cpu_seconds(server.pid) - cpu0) / max(1, res["batches"])
+        return res, server_cpu_ms, os.getloadavg()[0]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def bench_qdrant(work: Path, page_words: dict, args) -> dict:
+    """Index the first ``--qdrant-docs`` documents into Qdrant (local mode) and load-test it."""
+    from retriever_server.encoders.tiny import build_tiny_colqwen2
+
+    encoder = args.encoder or f"colqwen2:{build_tiny_colqwen2(work / 'tiny-colqwen2')}"
+    doc_ids = sorted({d for d, _ in page_words})[:args.qdrant_docs]
+    t0 = time.perf_counter()
+    index = build_index([work / "corpus" / f"{d}.pdf" for d in doc_ids], work / "index-qdrant",
+                        progress=sys.stderr.isatty(), max_pixels=args.max_pixels, dpi=args.dpi,
+                        encoder=encoder, search="dense")
+    pages = sum(PageStore.open(index).documents().values())
+    index_pps = pages / (time.perf_counter() - t0)
+    rng = random.Random(12)
+    keys = sorted(k for k in page_words if k[0] in doc_ids)
+    batches = []
+    for _ in range(16):
+        chosen = [rng.choice(keys) for _ in range(BATCH)]
+        batches.append(json.dumps({"query": [" ".join(rng.sample(page_words[k], 2)) for k in chosen],
+                                   "id": [k[0] for k in chosen], "top_n": TOP_N}).encode())
+    # Local mode: one process owns the collection folder, so one server worker.
+    res, cpu_ms, _ = serve_and_load(index, batches, None, 1, args)
+    from retriever_server.encoders import load_encoder
+
+    sample = load_encoder(encoder).encode_images([PageStore.open(index).page_image(doc_ids[0], 1).jpeg])
+    return {"encoder": "tiny random ColQwen2" if not args.encoder else args.encoder,
+            "pages": pages, "index_pps": index_pps, "res": res, "cpu_ms": cpu_ms,
+            "vectors": sample[0].shape[0]}
 
 
 if __name__ == "__main__":

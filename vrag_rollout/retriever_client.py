@@ -12,34 +12,53 @@ Three layers, so the fault handling is written once:
   concurrently under a cap of `max_concurrency` requests in flight, validates the answers and
   counts what happened in `stats`.
 
+Replicas: `base_url` may name several servers (a list, or one comma-separated string). Chunks
+go round-robin over them; a replica that fails a chunk (connection, timeout, 5xx after its
+retries) is skipped for `down_s` seconds and the chunk moves to the next one.
+
+Overload: a server that refuses with 503/429 *and* `Retry-After` (admission control) is not
+retried by urllib3. The chunk moves to another replica that is not refusing, or waits the
+server's `Retry-After` (at least `backoff`, doubling per refusal up to 8x) times a random
+factor in [1, 1.5) (so refused clients do not return in lockstep) and tries again, for at most `overload_budget_s` seconds in all; then every item of
+the chunk becomes a `RetrieverFailure("overloaded", ...)`. Refusals are counted in
+`stats.overloaded`, apart from failures.
+
 Network and server faults never escape `batch_search` / `batch_fetch` as an exception or a
 `None`: every item of an affected chunk becomes a `RetrieverFailure` whose message can be shown
 to the model as an observation. Each try is bounded by `timeout` (connect + read), so one chunk
-takes at most about (retries + 1) * timeout + backoff * (2 + 4 + ...) seconds. Programming errors (mismatched list lengths, `top_n < 1`, a bad
+takes at most about replicas * ((retries + 1) * timeout + backoff * (2 + 4 + ...)) seconds,
+plus `overload_budget_s` while servers refuse. Programming errors (mismatched list lengths, `top_n < 1`, a bad
 `FetchSpec`) raise `ValueError`. Images are NOT decoded here: `contents` stays base64.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence, Union
 
 import urllib3
 from urllib3.exceptions import HTTPError as _Urllib3Error
-from urllib3.exceptions import MaxRetryError, NewConnectionError
+from urllib3.exceptions import InvalidHeader, MaxRetryError, NewConnectionError
 from urllib3.exceptions import TimeoutError as _Urllib3Timeout
 from urllib3.util import Retry, Timeout
 
+from retriever_server import contract
+
 MODALITIES = ("image", "text")
-FAILURE_KINDS = ("timeout", "connection", "http", "malformed", "server")
+# "request": the retriever refused the request as the asker's mistake (contract.REQUEST_CODES,
+# e.g. a page the document does not have): for the agent, the policy's mistake, not a fault.
+FAILURE_KINDS = ("timeout", "connection", "http", "malformed", "server", "overloaded", "request")
 # Transient statuses: worth another try. Other 4xx mean our request is wrong; retrying won't help.
 RETRY_STATUSES = frozenset([429, *range(500, 600)])
-ERROR_ID = "error"
+# With a Retry-After header these are refusals by admission control, not faults.
+REFUSAL_STATUSES = frozenset([429, 503])
+ERROR_ID = contract.ERROR_ID
 
 
 # --------------------------------------------------------------------------- data types
@@ -73,23 +92,15 @@ class FetchSpec:
             raise ValueError(f"FetchSpec page must be an int >= 1, got {self.page!r}")
 
     def wire(self) -> str:
-        return f"{self.modality}, {self.page}"
+        return contract.fetch_spec(self.modality, self.page)
 
     @classmethod
     def parse(cls, text: str) -> "FetchSpec":
-        """Inverse of `wire()`; also takes ALDEN's legacy image form "3-th". ValueError otherwise."""
-        m = _SPEC_RE.match(text) if isinstance(text, str) else None
-        if m:
-            return cls(m.group(1), int(m.group(2)))
-        m = _LEGACY_SPEC_RE.match(text) if isinstance(text, str) else None
-        if m:
-            return cls("image", int(m.group(1)))
-        raise ValueError(f"not a fetch spec: {text!r} (expected e.g. 'image, 3' or 'text, 3')")
-
-
-_SPEC_RE = re.compile(r"^\s*(image|text)\s*,\s*(\d+)\s*$")
-_LEGACY_SPEC_RE = re.compile(r"^\s*(\d+)-th\s*$")
-_PAGE_SUFFIX_RE = re.compile(r"_(\d+)$")
+        """Inverse of `wire()` (the contract's grammar, ALDEN's "3-th" included). ValueError otherwise."""
+        parsed = contract.parse_fetch_spec(text)
+        if parsed is None:
+            raise ValueError(f"not a fetch spec: {text!r} (expected e.g. 'image, 3' or 'text, 3')")
+        return cls(*parsed)
 
 
 # --------------------------------------------------------------------------- transport
@@ -125,6 +136,27 @@ class TransportMalformed(TransportError):
     kind = "malformed"
 
 
+class TransportOverloaded(TransportError):
+    """The server refused the call for now (503/429 with Retry-After): admission control."""
+
+    kind = "overloaded"
+
+    def __init__(self, status: int, retry_after: Optional[float], message: str):
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after  # seconds; None when the header was unreadable
+
+
+class _RefusalAwareRetry(Retry):
+    """urllib3's Retry, except that an explicit refusal (a Retry-After status carrying the
+    header) goes back to the client at once: it may wait, or go to another replica."""
+
+    def is_retry(self, method: str, status_code: int, has_retry_after: bool = False) -> bool:
+        if has_retry_after and status_code in REFUSAL_STATUSES:
+            return False
+        return super().is_retry(method, status_code, has_retry_after)
+
+
 class Transport(Protocol):
     def post(self, path: str, body: dict, timeout: float) -> Any: ...
 
@@ -151,14 +183,17 @@ class HttpTransport:
         api_key: str | None = None,
         max_connections: int = 4,
         on_retries: Callable[[int], None] | None = None,
+        fail_fast_on_connect: bool = False,
     ):
         self.base_url = base_url.rstrip("/")
         self._retries = retries
         self._on_retries = on_retries
         # urllib3 sleeps 0, 2*backoff, 4*backoff, ... between tries; the small jitter spreads the
         # retries of many rollout workers that failed at the same instant.
-        self._retry = Retry(
+        self._retry = _RefusalAwareRetry(
             total=retries,
+            # With replicas, a refused connection goes straight to another replica.
+            connect=0 if fail_fast_on_connect else None,
             backoff_factor=backoff,
             backoff_jitter=backoff / 2,
             backoff_max=10.0,
@@ -206,6 +241,12 @@ class HttpTransport:
             raise _classify(e, 1) from e
         used = len(resp.retries.history) if resp.retries is not None else 0
         self._count_retries(used)
+        if resp.status in REFUSAL_STATUSES and resp.headers.get("Retry-After"):
+            try:
+                wait: Optional[float] = retry.parse_retry_after(resp.headers["Retry-After"])
+            except InvalidHeader:
+                wait = None
+            raise TransportOverloaded(resp.status, wait, f"retriever overloaded (HTTP {resp.status})")
         if not 200 <= resp.status < 300:
             raise TransportHTTPError(
                 resp.status, f"retriever answered HTTP {resp.status} after {_tries(used + 1)}", tries=used + 1
@@ -268,8 +309,14 @@ def _page_of(item: dict, page_id: str) -> int | None:
     page = item.get("page")
     if isinstance(page, int) and not isinstance(page, bool):
         return page if page >= 1 else None
-    m = _PAGE_SUFFIX_RE.search(page_id)
-    return int(m.group(1)) if m and int(m.group(1)) >= 1 else None
+    parsed = contract.parse_page_id(page_id)
+    return parsed[1] if parsed and parsed[1] >= 1 else None
+
+
+def _item_failure(item: dict) -> RetrieverFailure:
+    """An error item: the asker's mistake when its code says so, else a server fault."""
+    kind = "request" if item.get("code") in contract.REQUEST_CODES else "server"
+    return RetrieverFailure(kind, item["contents"])
 
 
 def _score_of(item: dict) -> float | None:
@@ -287,7 +334,7 @@ def parse_search_results(data: Any, doc_ids: Sequence[str], top_n: int) -> list[
             continue
         err = next((h for h in hits if h["id"] == ERROR_ID), None)
         if err is not None:
-            out.append(RetrieverFailure("server", err["contents"]))
+            out.append(_item_failure(err))
             continue
         out.append(
             [
@@ -304,7 +351,7 @@ def parse_fetch_results(data: Any, specs: Sequence[FetchSpec], doc_ids: Sequence
         if not is_wire_item(item):
             out.append(_malformed_item("fetch result"))
         elif item["id"] == ERROR_ID:
-            out.append(RetrieverFailure("server", item["contents"]))
+            out.append(_item_failure(item))
         elif _echo_mismatch(item["id"], spec):
             # The server answered a different request: results are likely out of order.
             out.append(RetrieverFailure("malformed", f"retriever answered {item['id']!r} to {spec.wire()!r}"))
@@ -335,6 +382,9 @@ class ClientStats:
             self.calls = 0  # HTTP requests (chunks), not batch_* invocations
             self.items = 0
             self.retries = 0
+            self.overloaded = 0  # refusals (503/429 + Retry-After) received; each was retried
+            self.overload_wait_s = 0.0  # time chunks slept on Retry-After
+            self.failovers = 0  # chunks moved to another replica after a failure
             self.failures = {k: 0 for k in FAILURE_KINDS}  # failed items by kind
             self.latency_s = 0.0  # summed over calls, retries and backoff included
             self.latency_max_s = 0.0
@@ -342,6 +392,18 @@ class ClientStats:
     def add_retries(self, n: int) -> None:
         with self._lock:
             self.retries += n
+
+    def add_overloaded(self, n: int = 1) -> None:
+        with self._lock:
+            self.overloaded += n
+
+    def add_overloaded_wait(self, wait_s: float) -> None:
+        with self._lock:
+            self.overload_wait_s += wait_s
+
+    def add_failover(self) -> None:
+        with self._lock:
+            self.failovers += 1
 
     def record_call(self, items: int, latency: float, results: Sequence[object]) -> None:
         with self._lock:
@@ -359,6 +421,9 @@ class ClientStats:
                 "calls": float(self.calls),
                 "items": float(self.items),
                 "retries": float(self.retries),
+                "overloaded": float(self.overloaded),
+                "overload_wait_s": self.overload_wait_s,
+                "failovers": float(self.failovers),
                 "failures": float(sum(self.failures.values())),
                 "latency_s": self.latency_s,
                 "latency_max_s": self.latency_max_s,
@@ -368,16 +433,58 @@ class ClientStats:
             return snap
 
 
+# --------------------------------------------------------------------------- replicas
+
+
+def parse_urls(base_url: Union[str, Sequence[str], None]) -> list[str]:
+    """`"http://a:8002"`, `"http://a:8002, http://b:8002"` or a list of such -> list of URLs."""
+    if base_url is None:
+        return []
+    parts = base_url.split(",") if isinstance(base_url, str) else [str(u) for u in base_url]
+    return [p.strip() for p in parts if p.strip()]
+
+
+class ReplicaSet:
+    """Which replica a chunk tries next: round-robin, with replicas marked down (failed, or
+    refusing until their Retry-After) tried last. Thread-safe; `clock` is injectable for tests."""
+
+    def __init__(self, n: int, clock: Callable[[], float] = time.monotonic):
+        self._n = n
+        self._clock = clock
+        self._down_until = [0.0] * n
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def order(self) -> list[int]:
+        with self._lock:
+            start = self._next
+            self._next = (self._next + 1) % self._n
+            now = self._clock()
+            rotated = [(start + k) % self._n for k in range(self._n)]
+            return sorted(rotated, key=lambda i: self._down_until[i] > now)  # stable: up first
+
+    def mark_down(self, i: int, seconds: float) -> None:
+        with self._lock:
+            self._down_until[i] = self._clock() + seconds
+
+    def mark_up(self, i: int) -> None:
+        with self._lock:
+            self._down_until[i] = 0.0
+
+
 # --------------------------------------------------------------------------- client
 
 
 class RetrieverClient:
-    """See the module docstring. `retries`, `backoff` and `api_key` configure the default HTTP
-    transport; pass `transport=` (e.g. a FixtureTransport) to replace it."""
+    """See the module docstring. `base_url` is one URL, several (list or comma-separated), or
+    None with `transport=`. `retries`, `backoff` and `api_key` configure the default HTTP
+    transports; pass `transport=` (e.g. a FixtureTransport) to replace them."""
+
+    _MAX_OVERLOAD_WAIT_S = 10.0
 
     def __init__(
         self,
-        base_url: str | None,
+        base_url: Union[str, Sequence[str], None],
         *,
         timeout: float = 10.0,
         retries: int = 2,
@@ -386,24 +493,43 @@ class RetrieverClient:
         max_concurrency: int = 4,
         api_key: str | None = None,
         transport: Transport | None = None,
+        overload_budget_s: float = 30.0,
+        down_s: float = 5.0,
     ):
         if timeout <= 0 or retries < 0 or backoff < 0 or max_batch < 1 or max_concurrency < 1:
             raise ValueError("need timeout > 0, retries >= 0, backoff >= 0, max_batch >= 1, max_concurrency >= 1")
-        if transport is None and not base_url:
+        if overload_budget_s < 0 or down_s < 0:
+            raise ValueError("need overload_budget_s >= 0 and down_s >= 0")
+        urls = parse_urls(base_url)
+        if transport is None and not urls:
             raise ValueError("RetrieverClient needs a base_url unless a transport is given")
         self.base_url = base_url
+        self.urls = urls
         self.timeout = timeout
+        self.backoff = backoff
         self.max_batch = max_batch
         self.max_concurrency = max_concurrency
+        self.overload_budget_s = overload_budget_s
+        self.down_s = down_s
         self.stats = ClientStats()
-        self.transport: Transport = transport or HttpTransport(
-            base_url,
-            retries=retries,
-            backoff=backoff,
-            api_key=api_key,
-            max_connections=max_concurrency,
-            on_retries=self.stats.add_retries,
-        )
+        self._rng = random.Random()
+        if transport is not None:
+            self.transports: list[Transport] = [transport]
+        else:
+            self.transports = [
+                HttpTransport(
+                    url,
+                    retries=retries,
+                    backoff=backoff,
+                    api_key=api_key,
+                    max_connections=max_concurrency,
+                    on_retries=self.stats.add_retries,
+                    fail_fast_on_connect=len(urls) > 1,
+                )
+                for url in urls
+            ]
+        self.transport: Transport = self.transports[0]  # the first (or only) replica
+        self._replicas = ReplicaSet(len(self.transports))
         # One pool per client: the cap holds across concurrent batch_* callers too.
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="retriever")
 
@@ -434,15 +560,19 @@ class RetrieverClient:
         return self._run(len(specs), chunk)
 
     def health(self) -> bool:
-        try:
-            self.transport.get("/health", self.timeout)
-        except TransportError:
-            return False
-        return True
+        """True when at least one replica answers /health."""
+        for transport in self.transports:
+            try:
+                transport.get("/health", self.timeout)
+            except TransportError:
+                continue
+            return True
+        return False
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
-        self.transport.close()
+        for transport in self.transports:
+            transport.close()
 
     def __enter__(self) -> "RetrieverClient":
         return self
@@ -463,13 +593,62 @@ class RetrieverClient:
     def _call(self, n: int, path: str, body: dict, parse: Callable[[Any], list]) -> list:
         start = time.monotonic()
         try:
-            results = parse(self.transport.post(path, body, self.timeout))
+            results = parse(self._post(path, body, start + self.overload_budget_s))
         except TransportError as e:
             results = [RetrieverFailure(e.kind, str(e))] * n
         except MalformedResponse as e:
             results = [RetrieverFailure("malformed", str(e))] * n
         self.stats.record_call(n, time.monotonic() - start, results)
         return results
+
+    def _post(self, path: str, body: dict, deadline: float) -> Any:
+        """One chunk: over the replicas until one answers; raises the last TransportError."""
+        failed: set[int] = set()  # replicas that failed this chunk (not counting refusals)
+        refusals = 0
+        while True:
+            refused_now: list[TransportOverloaded] = []
+            for i in self._replicas.order():
+                if i in failed:
+                    continue
+                try:
+                    data = self.transports[i].post(path, body, self.timeout)
+                except TransportOverloaded as e:
+                    # Busy, not broken: another replica may take the chunk now; others' chunks
+                    # try this one last until its Retry-After has passed.
+                    self.stats.add_overloaded()
+                    self._replicas.mark_down(i, e.retry_after or 0.0)
+                    refused_now.append(e)
+                    continue
+                except TransportError:
+                    failed.add(i)
+                    self._replicas.mark_down(i, self.down_s)
+                    if len(failed) == len(self.transports):
+                        raise
+                    self.stats.add_failover()
+                    continue
+                self._replicas.mark_up(i)
+                return data
+            # Every replica still in play refused: wait until the first says it may have room,
+            # then go round again.
+            refusals += 1
+            hint = min((e.retry_after for e in refused_now if e.retry_after is not None), default=None)
+            wait = self._overload_wait(hint, refusals)
+            if time.monotonic() + wait > deadline:
+                e = refused_now[-1]
+                raise TransportOverloaded(
+                    e.status, e.retry_after,
+                    f"retriever overloaded: refused {refusals} time(s) within {self.overload_budget_s:g} s; try again later",
+                )
+            self.stats.add_overloaded_wait(wait)
+            time.sleep(wait)
+
+    def _overload_wait(self, retry_after: Optional[float], refusals: int) -> float:
+        # Never earlier than Retry-After (often 0: the backlog drains within a second); below it,
+        # backoff doubling per refusal of this chunk, up to 8x. The random factor spreads the
+        # clients that were refused together so they do not come back in one wave.
+        backoff = max(self.backoff, 0.01) * 2 ** min(refusals - 1, 3)
+        base = max(retry_after or 0.0, backoff)
+        return min(self._MAX_OVERLOAD_WAIT_S, base * self._rng.uniform(1.0, 1.5))
 
 
 def _check_inputs(items: list, doc_ids: list, name: str) -> None:

@@ -6,18 +6,9 @@ requests (known doc ids, page ranges, query length) before calling in, and turns
 JSON itself, so a backend never sees raw request data or formats responses.
 
 A stronger engine is a drop-in: implement this class and hand the instance to
-``retriever_server.app.create_app``. A Qdrant backend, for example, would
-
-- at index time: embed each page (dense vectors or ColQwen-style multi-vectors, from a pluggable
-  encoder) and upsert points with payload ``{"doc_id": ..., "page": ...}`` into a collection,
-  next to the same ``PageStore`` directory for images and text (``build_index`` already writes it);
-- at query time: ``QdrantClient(path=...)`` (in-process local mode, for tests) or
-  ``QdrantClient(url=...)`` (a server, for production); encode the queries, and for each query
-  run ``query_points`` with a ``Filter(must=[FieldCondition(key="doc_id", match=MatchValue(...))])``
-  and ``limit=top_n`` (batched with ``query_batch_points``), mapping each point's payload to a
-  ``Hit``;
-- delegate ``documents``/``page_image``/``page_text`` to the ``PageStore``.
-Nothing in the app, the wire format or the client changes.
+``retriever_server.app.create_app``. ``qdrant.QdrantBackend`` is one (multi-vector pages in
+Qdrant, filtered by document), ``fusion.HybridBackend`` combines two. Nothing in the app, the
+wire format or the client changes.
 """
 
 from __future__ import annotations
@@ -58,6 +49,10 @@ class Backend(ABC):
     @abstractmethod
     def page_text(self, doc_id: str, page: int) -> str:
         """Text of a 1-based page (PDF text layer or OCR); KeyError/IndexError when absent."""
+
+    def page_info(self, doc_id: str, page: int) -> Mapping[str, object]:
+        """Optional extra fields of a page for answers (``role``, ``headings``); none by default."""
+        return {}
 
     def close(self) -> None:  # noqa: B027 - optional hook, deliberately not abstract
         """Release resources (a client connection, mmaps). Optional."""

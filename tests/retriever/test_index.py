@@ -117,22 +117,34 @@ def test_restarted_server_answers_byte_for_byte_the_same(sample_index):
 
 
 def test_server_never_serves_pages_of_a_swapped_in_index(sample_pdfs, tmp_path):
+    import base64
+
     from fastapi.testclient import TestClient
 
     from retriever_server.app import create_app
 
     out = tmp_path / "idx"
     indexer.build_index(sample_pdfs, out, progress=False)
+    old_page = (out / read_manifest(out).pages[0].image).read_bytes()  # annual_report page 1
     client = TestClient(create_app(out))  # images load lazily, on first use
     body = {"query": ["padlock", "Lisbon"], "id": ["safety_manual", "annual_report"], "top_n": 1}
     first = client.post("/batch_search", json={**body, "query": ["padlock"], "id": ["safety_manual"]})
     assert first.json()[0][0]["id"] == "safety_manual_2"
+    version = first.headers["X-Index-Version"]
     # Re-index with other settings: same names, different images.
     indexer.build_index(sample_pdfs, out, progress=False, jpeg_quality=40)
     r = client.post("/batch_search", json=body)
-    assert r.status_code == 200
+    assert r.status_code == 200 and r.headers["X-Index-Version"] == version
     cached, uncached = r.json()
     assert cached[0]["id"] == "safety_manual_2"  # already in memory: still the old, consistent page
-    assert uncached[0]["id"] == "error" and "restart the retriever" in uncached[0]["contents"]
-    fetched = client.post("/batch_fetch", json={"query": ["image, 4"], "id": ["product_guide"]}).json()
-    assert fetched[0]["id"] == "error"
+    # Not cached yet: read from the old directory, which the swap left in place for this server.
+    assert uncached[0]["id"] == "annual_report_1"
+    assert base64.b64decode(uncached[0]["contents"]) == old_page
+    assert (out / read_manifest(out).pages[0].image).read_bytes() != old_page
+    # After a reload the server answers from the new index, and the old directory goes away.
+    reloaded = client.post("/admin/reload").json()
+    assert reloaded["previous_version"] == version != reloaded["index_version"]
+    r = client.post("/batch_search", json=body)
+    assert r.headers["X-Index-Version"] == reloaded["index_version"]
+    assert base64.b64decode(r.json()[1][0]["contents"]) != old_page
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]

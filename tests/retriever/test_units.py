@@ -111,7 +111,7 @@ def test_custom_backend_is_a_drop_in_and_failures_stay_per_item():
     assert [h["id"] for h in results[0]] == ["good_3", "good_1"]
     assert results[0][0]["score"] == 2.0
     assert results[1][0]["id"] == "good_2"
-    assert results[2] == [{"id": "error", "contents": "search failed: RuntimeError"}]
+    assert results[2] == [{"id": "error", "contents": "search failed: RuntimeError", "code": "unreadable"}]
     fetched = client.post("/batch_fetch", json={"query": ["text, 2"], "id": "good"}).json()
     assert fetched[0]["contents"] == "green pear"
     assert client.get("/health").json()["backend"] == "memory"

@@ -43,3 +43,18 @@ def test_policy_written_actions(case, tiny_model_dir, tiny_processor, tiny_llm):
             assert decoded.count(text) == 1, (case, decoded)  # corrected once, then the last turn ends it
     assert output.meta_info["metrics"]["rollout/invalid_actions"] == invalid * len(output)
     assert output.meta_info["metrics"]["rollout/retriever_errors"] == 0
+
+
+def test_a_page_the_document_lacks_is_the_policys_mistake(tiny_model_dir, tiny_processor, tiny_llm):
+    """The server refuses page 6 of a 4-page document with a request error code: the sample sees
+    the reason, and it is counted as a bad request, not as a retriever failure."""
+    client = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))
+    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=1, max_turns=2,
+                       action_regex=r"<fetch>image, 6</fetch>")
+    samples = [s for s in sample_prompts(6, with_images=False) if s.doc_id == "annual_report"]
+    output = agent.generate_sequences(prompt_batch(tiny_processor, samples, agent))
+    metrics = output.meta_info["metrics"]
+    assert metrics["rollout/bad_requests"] == len(samples) > 0
+    assert metrics["rollout/retriever_errors"] == 0 and metrics["retriever/failures/request"] == len(samples)
+    text = tiny_processor.tokenizer.decode(output.batch["responses"][0][output.batch["response_mask"][0].bool()].tolist())
+    assert "error: page 6 is out of range; document 'annual_report' has pages 1..4" in text

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from vrag_rollout.retriever_client import (
     FetchSpec,
+    ReplicaSet,
     HttpTransport,
     MalformedResponse,
     RetrievedPage,
@@ -24,6 +25,7 @@ from vrag_rollout.retriever_client import (
     TransportTimeout,
     parse_fetch_results,
     parse_search_results,
+    parse_urls,
 )
 
 DOCS = {"annual_report": 5, "manual_v2": 3}
@@ -63,7 +65,8 @@ def wire_answer(path: str, body: dict):
 class FakeRetriever:
     """Threaded HTTP server. `script` holds actions for the next requests, first first; when it is
     empty requests get the correct wire answer. Actions: ("status", code), ("raw", bytes),
-    ("json", obj), ("hang",) (sleeps until released, past any client timeout)."""
+    ("json", obj), ("hang",) (sleeps until released, past any client timeout), ("refuse", s)
+    (503 with `Retry-After: s`, as admission control answers)."""
 
     def __init__(self, delay: float = 0.0):
         self.script: list[tuple] = []
@@ -104,13 +107,17 @@ class FakeRetriever:
                         self._reply(200, action[1])
                     elif action[0] == "json":
                         self._reply(200, json.dumps(action[1]).encode())
+                    elif action[0] == "refuse":
+                        self._reply(503, b'{"detail": "overloaded"}', {"Retry-After": str(action[1])})
                 finally:
                     with fake.lock:
                         fake.in_flight -= 1
 
-            def _reply(self, code: int, data: bytes):
+            def _reply(self, code: int, data: bytes, headers: dict | None = None):
                 try:
                     self.send_response(code)
+                    for name, value in (headers or {}).items():
+                        self.send_header(name, value)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
@@ -431,3 +438,127 @@ def test_parsers_never_crash_on_any_body(data, n):
             assert isinstance(r, (RetrievedPage, RetrieverFailure)) or (
                 isinstance(r, list) and len(r) <= 2 and all(isinstance(p, RetrievedPage) for p in r)
             )
+
+
+# --------------------------------------------------------------------------- overload, replicas
+
+
+def test_refusal_waits_retry_after_then_succeeds(fake):
+    fake.script = [("refuse", 1)]
+    with client_for(fake, retries=3) as client:
+        start = time.monotonic()
+        res = client.batch_fetch([FetchSpec("text", 1)], ["manual_v2"])
+        elapsed = time.monotonic() - start
+        assert res == [RetrievedPage("manual_v2_1", "manual_v2", 1, "text", "text of manual_v2 page 1")]
+        assert 1.0 <= elapsed < 3.0  # never before Retry-After; jitter adds at most half of it
+        snap = client.stats.snapshot()
+        assert snap["overloaded"] == 1 and snap["failures"] == 0
+        assert snap["retries"] == 0  # urllib3 did not retry the refusal on its own
+        assert 1.0 <= snap["overload_wait_s"] < 1.5
+    assert fake.paths()["/batch_fetch"] == 2
+
+
+def test_refusals_past_the_budget_fail_as_overloaded_and_are_counted(fake):
+    fake.script = [("refuse", 2)] * 10
+    with client_for(fake, overload_budget_s=1.0) as client:
+        start = time.monotonic()
+        res = client.batch_search(["a", "b"], ["manual_v2", "manual_v2"], top_n=1)
+        assert time.monotonic() - start < 1.0  # a 2 s wait cannot fit in a 1 s budget: no sleep
+        assert [r.kind for r in res] == ["overloaded", "overloaded"]
+        assert "overloaded" in res[0].message
+        snap = client.stats.snapshot()
+        assert snap["failures/overloaded"] == 2 and snap["failures"] == 2 and snap["overloaded"] == 1
+    assert len(fake.requests) == 1
+
+
+def test_503_without_retry_after_is_an_ordinary_retried_fault(fake):
+    fake.script = [("status", 503)] * 5
+    with client_for(fake, retries=1) as client:
+        res = client.batch_fetch([FetchSpec("text", 1)], ["manual_v2"])
+        assert res == [RetrieverFailure("http", "retriever answered HTTP 503 after 2 tries")]
+        assert client.stats.snapshot()["overloaded"] == 0
+
+
+def test_overload_wait_honours_retry_after_with_jitter():
+    with RetrieverClient("http://127.0.0.1:9", backoff=0.1) as client:
+        waits = [client._overload_wait(2.0, 1) for _ in range(200)]
+        assert all(2.0 <= w < 3.0 for w in waits) and len(set(waits)) > 100
+        assert 0.1 <= client._overload_wait(None, 1) < 0.15  # no hint: exponential backoff
+        assert 0.1 <= client._overload_wait(0.0, 1) < 0.15  # "Retry-After: 0": backoff too
+        assert 0.4 <= client._overload_wait(None, 3) < 0.6
+        assert 0.8 <= client._overload_wait(0.0, 9) < 1.2  # doubling stops at 8x
+        assert client._overload_wait(1000.0, 1) == 10.0  # capped
+
+
+def test_parse_urls():
+    assert parse_urls("http://a:1") == ["http://a:1"]
+    assert parse_urls(" http://a:1 , http://b:2,") == ["http://a:1", "http://b:2"]
+    assert parse_urls(["http://a:1", "http://b:2"]) == ["http://a:1", "http://b:2"]
+    assert parse_urls(None) == []
+    with pytest.raises(ValueError):
+        RetrieverClient(" , ")
+
+
+def test_replica_set_round_robin_puts_down_replicas_last():
+    now = [0.0]
+    replicas = ReplicaSet(3, clock=lambda: now[0])
+    assert [replicas.order()[0] for _ in range(4)] == [0, 1, 2, 0]
+    replicas.mark_down(1, 5.0)
+    assert replicas.order() == [2, 0, 1]  # started at 1, which is down: it goes last
+    now[0] = 6.0
+    assert replicas.order() == [2, 0, 1]  # back in rotation after down_s
+    assert replicas.order() == [0, 1, 2]
+
+
+def test_batches_spread_over_replicas():
+    a, b = FakeRetriever(), FakeRetriever()
+    try:
+        with RetrieverClient([a.url, b.url], max_batch=1, max_concurrency=1, backoff=0.0) as client:
+            res = client.batch_fetch([FetchSpec("text", 1)] * 10, ["manual_v2"] * 10)
+        assert all(isinstance(r, RetrievedPage) for r in res)
+        assert (len(a.requests), len(b.requests)) == (5, 5)
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_refused_chunk_goes_to_another_replica_without_waiting():
+    a, b = FakeRetriever(), FakeRetriever()
+    a.script = [("refuse", 5)] * 3
+    try:
+        with RetrieverClient(f"{a.url},{b.url}", max_batch=1, max_concurrency=1, backoff=0.0) as client:
+            start = time.monotonic()
+            res = client.batch_fetch([FetchSpec("text", 1)] * 4, ["manual_v2"] * 4)
+            assert time.monotonic() - start < 2.0  # nobody waited the 5 s
+            assert all(isinstance(r, RetrievedPage) for r in res)
+            assert client.stats.overloaded >= 1 and client.stats.snapshot()["failures"] == 0
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_failover_from_a_dead_replica():
+    dead, live = FakeRetriever(), FakeRetriever()
+    dead_url = dead.url
+    dead.stop()
+    with RetrieverClient([dead_url, live.url], max_batch=1, max_concurrency=1, timeout=1.0,
+                         retries=2, backoff=0.0, down_s=60) as client:
+        start = time.monotonic()
+        res = client.batch_search([f"q{i}" for i in range(6)], ["manual_v2"] * 6, top_n=1)
+        assert time.monotonic() - start < 3.0
+        assert all(isinstance(r, list) for r in res)
+        assert client.stats.failovers == 1  # after one failure the dead replica is tried last
+        assert client.health()
+    live.stop()
+
+
+def test_all_replicas_down_is_a_counted_failure_not_an_exception():
+    a, b = FakeRetriever(), FakeRetriever()
+    urls = [a.url, b.url]
+    a.stop()
+    b.stop()
+    with RetrieverClient(urls, timeout=0.5, backoff=0.0) as client:
+        res = client.batch_search(["x", "y"], ["d", "d"], top_n=1)
+        assert [r.kind for r in res] == ["connection", "connection"]
+        assert client.stats.snapshot()["failures/connection"] == 2
+        assert not client.health()
