@@ -29,6 +29,7 @@ import math
 import random
 import re
 import subprocess
+import tempfile
 import sys
 import zlib
 from collections import defaultdict
@@ -175,7 +176,8 @@ def rank_of(backend, q: Question) -> int | None:
 # -- main ----------------------------------------------------------------------------------------
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--work", default="/tmp/vrag-eval", help="downloads, PDFs and the index")
+    parser.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "vrag-eval"),
+                        help="downloads, PDFs and the index")
     parser.add_argument("--set", choices=("dev", "heldout", "all"), default="all")
     parser.add_argument("--docs", default=None, help="only these doc ids (comma-separated)")
     parser.add_argument("--body-per-doc", type=int, default=40)

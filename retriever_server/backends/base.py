@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..store import PageImage
+from ..store import PageImage, PageStore
 
 
 @dataclass(frozen=True)
@@ -56,3 +56,20 @@ class Backend(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, deliberately not abstract
         """Release resources (a client connection, mmaps). Optional."""
+
+
+class StoreBackend(Backend, ABC):
+    """A backend whose pages live in the index's ``PageStore`` (``self.store``): only the
+    ranking is its own."""
+
+    store: "PageStore"
+
+    def page_info(self, doc_id: str, page: int) -> dict:
+        entry = self.store.entry(doc_id, page)
+        return {"role": entry.role, "headings": list(entry.headings)}
+
+    def page_image(self, doc_id: str, page: int) -> PageImage:
+        return self.store.page_image(doc_id, page)
+
+    def page_text(self, doc_id: str, page: int) -> str:
+        return self.store.page_text(doc_id, page)

@@ -26,8 +26,8 @@ import bm25s
 import numpy as np
 from bm25s.stopwords import STOPWORDS_EN
 
-from ..store import PageImage, PageStore
-from .base import Backend, Hit
+from ..store import PageStore
+from .base import Hit, StoreBackend
 
 SUBDIR = "bm25"
 HEADINGS_SUBDIR = "bm25_headings"
@@ -97,7 +97,7 @@ def rank_rows(scores: np.ndarray, start: int, stop: int, top_n: int) -> list[tup
     return [(start + int(i), float(window[i])) for i in order]
 
 
-class Bm25Backend(Backend):
+class Bm25Backend(StoreBackend):
     name = "bm25"
 
     def __init__(self, store: PageStore, retriever: bm25s.BM25,
@@ -161,12 +161,3 @@ class Bm25Backend(Backend):
             results.append([Hit(doc_id, row - start + 1, score) for row, score in ranked])
         return results
 
-    def page_info(self, doc_id: str, page: int) -> dict:
-        entry = self.store.entry(doc_id, page)
-        return {"role": entry.role, "headings": list(entry.headings)}
-
-    def page_image(self, doc_id: str, page: int) -> PageImage:
-        return self.store.page_image(doc_id, page)
-
-    def page_text(self, doc_id: str, page: int) -> str:
-        return self.store.page_text(doc_id, page)

@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..encoders import PageEncoder
-from ..store import PageImage, PageStore
-from .base import Backend, Hit
+from ..store import PageStore
+from .base import Hit, StoreBackend
 
 LOCAL_SUBDIR = "qdrant"
 DOC_FIELD, PAGE_FIELD = "doc_id", "page"
@@ -92,7 +92,7 @@ def build(index_dir: Path, pages, jpeg_of, encoder: PageEncoder, *, qdrant_url: 
     return location
 
 
-class QdrantBackend(Backend):
+class QdrantBackend(StoreBackend):
     name = "qdrant"
 
     def __init__(self, store: PageStore, client, collection: str, encoder: PageEncoder):
@@ -134,16 +134,6 @@ class QdrantBackend(Backend):
                     for p in answer.points]
             results.append(sorted(hits, key=lambda h: (-h.score, h.page)))
         return results
-
-    def page_info(self, doc_id: str, page: int) -> dict:
-        entry = self.store.entry(doc_id, page)
-        return {"role": entry.role, "headings": list(entry.headings)}
-
-    def page_image(self, doc_id: str, page: int) -> PageImage:
-        return self.store.page_image(doc_id, page)
-
-    def page_text(self, doc_id: str, page: int) -> str:
-        return self.store.page_text(doc_id, page)
 
     def close(self) -> None:
         self.client.close()
