@@ -35,9 +35,39 @@ _CONTENT_PARTS = (
 )
 
 
+# With `tools`, the system turn lists their JSON schemas inside <tools></tools>; an assistant
+# message's `tool_calls` render after its content as <tool_call>{"name", "arguments"}</tool_call>
+# blocks; consecutive `tool` messages are grouped into one user turn, each inside
+# <tool_response></tool_response> (images included). The tags and the grouping are the Qwen
+# families' tool-call interface; the instruction wording is this project's. Without tools and
+# tool messages a conversation renders exactly as before.
+_TOOLS_SYSTEM = (
+    "{{- '<|im_start|>system\\n' -}}"
+    "{%- if messages[0]['role'] == 'system' -%}{{- messages[0]['content'] + '\\n\\n' -}}"
+    "{%- elif default_system -%}{{- 'You are a helpful assistant.\\n\\n' -}}{%- endif -%}"
+    "{{- '# Tools\\n\\nThese functions are available; their signatures are listed inside <tools></tools>:\\n<tools>' -}}"
+    "{%- for tool in tools -%}{{- '\\n' -}}{{- tool | tojson -}}{%- endfor -%}"
+    "{{- '\\n</tools>\\n\\nTo call one, write its name and arguments as a JSON object inside <tool_call></tool_call>:\\n'"
+    " + '<tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' -}}"
+)
+_TOOL_CALLS = (
+    "{%- for call in message['tool_calls'] or [] -%}"
+    "{%- set call = call['function'] if call['function'] is defined else call -%}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' + call['name'] + '\", \"arguments\": ' -}}"
+    "{%- if call['arguments'] is string -%}{{- call['arguments'] -}}{%- else -%}{{- call['arguments'] | tojson -}}{%- endif -%}"
+    "{{- '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
+)
+_TOOL_RESPONSE = (
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
+    "{{- '\\n<tool_response>\\n' -}}" + _CONTENT_PARTS + "{{- '\\n</tool_response>' -}}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
+)
+
+
 def _chat_template(default_system: bool) -> str:
     system = (
-        "{%- if loop.first and message['role'] != 'system' -%}"
+        "{%- if loop.first and message['role'] != 'system' and not tools -%}"
         "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' -}}"
         "{%- endif -%}"
         if default_system
@@ -46,11 +76,18 @@ def _chat_template(default_system: bool) -> str:
     return (
         "{%- set image_count = namespace(value=0) -%}"
         "{%- set video_count = namespace(value=0) -%}"
+        + ("{%- set default_system = true -%}" if default_system else "{%- set default_system = false -%}")
+        + "{%- if tools -%}" + _TOOLS_SYSTEM + "{%- endif -%}"
         "{%- for message in messages -%}"
+        "{%- if tools and loop.first and message['role'] == 'system' -%}"
+        "{%- elif message['role'] == 'tool' -%}" + _TOOL_RESPONSE
+        + "{%- else -%}"
         + system
         + "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
         + _CONTENT_PARTS
+        + "{%- if message['role'] == 'assistant' -%}" + _TOOL_CALLS + "{%- endif -%}"
         + "{{- '<|im_end|>\\n' -}}"
+        "{%- endif -%}"
         "{%- endfor -%}"
         "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
     )

@@ -23,7 +23,7 @@ from .tiny_families import QWEN2_CHAT_TEMPLATE as CHAT_TEMPLATE
 from .tiny_families import TINY_FAMILIES, TinyFamily
 
 # Bump when anything that changes the built files changes: old caches are then rebuilt.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 MARKER_NAME = ".vrag_tiny_build.json"
 
 BPE_VOCAB_SIZE = 1024
@@ -217,7 +217,7 @@ def build_tiny_qwen2vl(out_dir: str | Path, *, seed: int = 0) -> Path:
 
 def default_model_dir(family: str = "qwen2-vl") -> Path:
     """``$VRAG_ROLLOUT_CACHE/tiny-<family>-v<N>``, else ``~/.cache/vrag-rollout/tiny-<family>-v<N>``,
-    the family written without dashes and dots (``tiny-qwen2vl-v1``, ``tiny-qwen25vl-v1``)."""
+    the family written without dashes and dots (``tiny-qwen2vl-v2``, ``tiny-qwen25vl-v2``)."""
     root = os.environ.get("VRAG_ROLLOUT_CACHE")
     base = Path(root).expanduser() if root else Path.home() / ".cache" / "vrag-rollout"
     slug = family_by_name(family).name.replace("-", "").replace(".", "")

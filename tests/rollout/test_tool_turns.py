@@ -1,0 +1,109 @@
+"""The native tool-call format's pure parts: the calls a turn holds, and tool-turn tokens derived
+from each family's chat template, checked against the template's rendering of the whole
+conversation (the oracle), token for token."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoProcessor
+
+from vrag_rollout.actions import Fetch, Invalid, Search
+from vrag_rollout.families import FAMILY_NAMES
+from vrag_rollout.tiny_model import build_tiny_model, default_model_dir
+from vrag_rollout.tool_turns import TOOLS, TemplateError, ToolResult, ToolTurnTemplate, parse_tool_calls
+
+
+@pytest.fixture(scope="module", params=FAMILY_NAMES)
+def processor(request):
+    return AutoProcessor.from_pretrained(build_tiny_model(default_model_dir(request.param), request.param))
+
+
+CALL = '<think>look it up</think>\n<tool_call>\n{"name": "search", "arguments": {"query": "board approved"}}\n</tool_call>'
+RESULTS = [ToolResult("pages annual_report_2, annual_report_3", images=2), ToolResult("page 3 says <|im_end|> hi")]
+
+
+def conversation(answer: str) -> list:
+    def tool(result):
+        content = [{"type": "image"} for _ in range(result.images)] + [{"type": "text", "text": result.text}]
+        return {"role": "tool", "content": content}
+
+    return [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Which page covers it?"}]},
+        {"role": "assistant", "content": CALL},  # the model's raw text
+        tool(RESULTS[0]),
+        tool(ToolResult(RESULTS[1].text.replace("<|", "<"))),  # page text never carries special tokens
+        {"role": "assistant", "content": answer},
+    ]
+
+
+def incremental_ids(processor, template, answer, observation=None):
+    """What the rollout appends: prompt, sampled turn 1, derived observation, sampled turn 2."""
+    tok = processor.tokenizer
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    prompt = tok.apply_chat_template(conversation(answer)[:1], tools=list(TOOLS), add_generation_prompt=True,
+                                     tokenize=False)
+    ids = tok.encode(prompt, add_special_tokens=False)
+    ids += tok.encode(CALL, add_special_tokens=False) + [end]  # sampled: ends with <|im_end|>
+    ids += template.observation_ids(RESULTS) if observation is None else observation
+    ids += tok.encode(answer, add_special_tokens=False) + [end]
+    return ids
+
+
+def test_tool_turns_equal_the_templates_rendering_of_the_conversation(processor):
+    tok = processor.tokenizer
+    template = ToolTurnTemplate(tok)
+    answer = "<think>found</think><answer>page 3</answer>"
+    full = tok.encode(processor.apply_chat_template(conversation(answer), tools=list(TOOLS), tokenize=False),
+                      add_special_tokens=False)
+    ids = incremental_ids(processor, template, answer)
+    assert ids == full[: len(ids)]
+    assert tok.decode(full[len(ids):]) == "\n"  # only the separator after the final turn is left
+    pads = template.observation_ids(RESULTS).count(tok.convert_tokens_to_ids("<|image_pad|>"))
+    assert pads == 2  # one per page image, for the engine to expand
+
+
+def test_the_oracle_catches_a_dropped_turn_separator(processor):
+    """The bug class this rules out: the tool turn rendered on its own, without the newline that
+    follows the assistant's <|im_end|>."""
+    tok = processor.tokenizer
+    template = ToolTurnTemplate(tok)
+    text = template.observation_text(RESULTS)
+    assert text.startswith("\n")
+    dropped = tok.encode(text[1:], add_special_tokens=False)
+    answer = "<answer>x</answer>"
+    full = tok.encode(processor.apply_chat_template(conversation(answer), tools=list(TOOLS), tokenize=False),
+                      add_special_tokens=False)
+    ids = incremental_ids(processor, template, answer, observation=dropped)
+    assert ids != full[: len(ids)]
+
+
+def test_a_template_without_tool_rules_is_refused(processor):
+    plain = ("{%- for message in messages -%}{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+             "{%- if message['content'] is string -%}{{- message['content'] -}}{%- endif -%}"
+             "{{- '<|im_end|>\\n' -}}{%- endfor -%}"
+             "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}")
+    with pytest.raises(TemplateError, match="ignores tools="):
+        ToolTurnTemplate(processor.tokenizer, chat_template=plain)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('<tool_call>\n{"name": "search", "arguments": {"query": " revenue "}}\n</tool_call>', [Search("revenue")]),
+    ('<tool_call>{"name": "fetch", "arguments": {"page": 3, "mode": "text"}}</tool_call>'
+     '<tool_call>{"name": "search", "arguments": {"query": "q"}}</tool_call>', [Fetch("text", 3), Search("q")]),
+    ('<tool_call>{"name": "search", "arguments": {"query": "q"</tool_call>', ["not valid JSON"]),
+    ('<tool_call>{"name": "browse", "arguments": {}}</tool_call>', ["unknown tool 'browse'"]),
+    ('<tool_call>{"name": "search", "arguments": {}}</tool_call>', ["non-empty string 'query'"]),
+    ('<tool_call>{"name": "fetch", "arguments": {"page": "3", "mode": "image"}}</tool_call>', ["integer 'page'"]),
+    ('<tool_call>{"name": "fetch", "arguments": {"page": 2, "mode": "audio"}}</tool_call>', ["'mode' image or text"]),
+    ('<tool_call>["search"]</tool_call>', ['"arguments"']),
+    ('<tool_call>{"name": "search", "arguments": {"query": "q"}}', []),  # unterminated: no call
+    ("no call at all", []),
+])
+def test_parse_tool_calls(text, expected):
+    calls = parse_tool_calls(text)
+    assert len(calls) == len(expected)
+    for call, want in zip(calls, expected):
+        if isinstance(want, str):
+            assert isinstance(call, Invalid) and want in call.message, call
+        else:
+            assert call == want

@@ -1,0 +1,154 @@
+"""The native tool-call format: the two tools, reading a turn's calls, and the tokens of a tool turn
+derived from the model's own chat template (pure, given a tokenizer).
+
+After the policy samples an assistant turn that ends with `<|im_end|>` and holds tool calls, the
+observation is exactly what the chat template renders between that assistant message and the next
+generation prompt: the turn separator, the header of the turn that carries tool results, each
+result in its wrappers (pages as `<|vision_start|><|image_pad|><|vision_end|>`, one pad per image),
+and the next assistant header. Nothing is typed in per family: `ToolTurnTemplate` renders the
+conversation with and without the tool turn and keeps the difference, and refuses a template that
+cannot render a tool turn after an assistant turn without rewriting it. The observation text starts
+right after the sampled `<|im_end|>`, a special token, so tokenizing it alone cannot merge across
+the boundary, and the sampled ids are never re-tokenized.
+
+Invariant (tested for every family against `apply_chat_template` of the whole conversation): the
+prompt ids, then per turn the sampled ids and the derived observation ids, equal the tokenized
+rendering of the conversation at every position.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Union
+
+from .actions import Fetch, Invalid, Search
+
+SEARCH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "Search the document for pages matching a short query; returns page images.",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string", "description": "a few keywords"}},
+            "required": ["query"],
+        },
+    },
+}
+FETCH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "fetch",
+        "description": "Read one page of the document, as an image or as its text.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "page": {"type": "integer", "description": "page number, from 1"},
+                "mode": {"type": "string", "enum": ["image", "text"]},
+            },
+            "required": ["page", "mode"],
+        },
+    },
+}
+TOOLS = (SEARCH_TOOL, FETCH_TOOL)
+
+_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_DUMMY_CALL = {"type": "function", "function": {"name": "search", "arguments": {"query": "q"}}}
+# Special-token strings inside a tool result (page text) stay text: "<|" never reaches the template.
+_SPECIAL_OPEN = "<|"
+
+
+class TemplateError(ValueError):
+    """A chat template that cannot render a tool turn the way an append-only rollout needs."""
+
+
+def parse_tool_calls(text: str) -> list[Union[Search, Fetch, Invalid]]:
+    """Every `<tool_call>` block of an assistant turn, in order, as an action or the reason it
+    cannot be executed (invalid JSON, unknown tool, missing or ill-typed arguments)."""
+    calls: list[Union[Search, Fetch, Invalid]] = []
+    for body in _CALL.findall(text):
+        try:
+            call = json.loads(body)
+        except ValueError as e:
+            calls.append(Invalid(f"the tool call is not valid JSON ({e.msg})."))
+            continue
+        if not isinstance(call, dict) or not isinstance(call.get("arguments"), dict):
+            calls.append(Invalid('write {"name": ..., "arguments": {...}} inside <tool_call></tool_call>.'))
+            continue
+        name, args = call.get("name"), call["arguments"]
+        if name == "search":
+            query = args.get("query")
+            ok = isinstance(query, str) and query.strip()
+            calls.append(Search(query.strip()) if ok else Invalid("search needs a non-empty string 'query'."))
+        elif name == "fetch":
+            page, mode = args.get("page"), args.get("mode")
+            if isinstance(page, bool) or not isinstance(page, int) or page < 1 or mode not in ("image", "text"):
+                calls.append(Invalid("fetch needs an integer 'page' from 1 and 'mode' image or text."))
+            else:
+                calls.append(Fetch(mode, page))
+        else:
+            calls.append(Invalid(f"unknown tool {name!r}; the tools are search and fetch."))
+    return calls
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """One tool message: `images` page images, then a text."""
+
+    text: str
+    images: int = 0
+
+    def message(self) -> dict:
+        content = [{"type": "image"} for _ in range(self.images)]
+        content.append({"type": "text", "text": self.text.replace(_SPECIAL_OPEN, "<")})
+        return {"role": "tool", "content": content}
+
+
+class ToolTurnTemplate:
+    """Tool-turn observation tokens derived from a chat template (the tokenizer's own, or one
+    given), for a fixed tool list."""
+
+    def __init__(self, tokenizer: Any, tools: Sequence[dict] = TOOLS, chat_template: Optional[str] = None):
+        self.tokenizer = tokenizer
+        self.tools = list(tools)
+        self.chat_template = chat_template
+        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self._base = [{"role": "user", "content": "q"},
+                      {"role": "assistant", "content": "a", "tool_calls": [_DUMMY_CALL]}]
+        # Refuse an unusable template now, not mid-rollout.
+        system = self._render(self._base[:1], generation_prompt=True)
+        if any(json.dumps(tool["function"]["name"]) not in system for tool in self.tools):
+            raise TemplateError("the chat template ignores tools= (no tool schemas in the system turn): "
+                                "use the tags action format or give a template with tool rules")
+        self.observation_text([ToolResult("probe", images=1)])
+
+    def _render(self, messages: list, generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=self.tools, tokenize=False, add_generation_prompt=generation_prompt,
+            chat_template=self.chat_template,
+        )
+
+    def observation_text(self, results: Sequence[ToolResult]) -> str:
+        """What the template renders after the assistant turn's `<|im_end|>` up to the next
+        generation prompt, for these tool results (in order)."""
+        before = self._render(self._base, generation_prompt=False)
+        after = self._render(self._base + [r.message() for r in results], generation_prompt=True)
+        cut = before.rfind("<|im_end|>") + len("<|im_end|>")
+        if cut < len("<|im_end|>") or not after.startswith(before[:cut]):
+            raise TemplateError("the chat template rewrites the assistant turn when a tool turn follows it; "
+                                "a rollout that appends tokens cannot follow it (give a template that does)")
+        text = after[cut:]
+        position = 0
+        for result in results:
+            found = text.find(result.message()["content"][-1]["text"], position)
+            if found < 0:
+                raise TemplateError("the chat template does not render tool messages (no tool rules): "
+                                    "use the tags action format or give a template with tool rules")
+            position = found
+        return text
+
+    def observation_ids(self, results: Sequence[ToolResult]) -> list[int]:
+        """The engine view: one `<|image_pad|>` per image, as the template writes it."""
+        return list(self.tokenizer.encode(self.observation_text(results), add_special_tokens=False))
