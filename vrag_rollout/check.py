@@ -181,6 +181,14 @@ class ModelOracle:
         self._rope_model = None
         self._lm = None
 
+    def generation_header(self) -> str:
+        """What the model's chat template writes to open an assistant turn (e.g.
+        "<|im_start|>assistant\\n"): a native tool turn must end with it."""
+        user = [{"role": "user", "content": "x"}]
+        with_header = self.tokenizer.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
+        without = self.tokenizer.apply_chat_template(user, add_generation_prompt=False, tokenize=False)
+        return with_header[len(without):]
+
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
         try:
@@ -325,7 +333,7 @@ def _check_shapes(saved: SavedBatch) -> tuple[list[Failure], list[str]]:
     return fails, notes
 
 
-def _check_row_contract(row: _Row, prompts: torch.Tensor, eos_ids: set[int]) -> list[Failure]:
+def _check_row_contract(row: _Row, prompts: torch.Tensor, eos_ids: set[int], native: bool = False) -> list[Failure]:
     fails: list[Failure] = []
     s, P = row.index, row.prompt_len
 
@@ -363,9 +371,14 @@ def _check_row_contract(row: _Row, prompts: torch.Tensor, eos_ids: set[int]) -> 
         fail(P + bad, "response_mask differs from attention_mask's response part (and is not the loss mask either)")
     used = int(real.sum())
     tokens = row.responses[:used].tolist()
-    first_eos = next((i for i, token in enumerate(tokens) if token in eos_ids), None)
-    if first_eos is not None and first_eos < used - 1:
-        fail(P + first_eos + 1, f"the response runs past its EOS at position {P + first_eos}")
+    loss = row.loss[:used].long().tolist()
+    for i, token in enumerate(tokens):
+        # In the native tool-call format each assistant turn ends with an EOS and a tool turn
+        # (masked, with end-of-turn tokens of its own) follows it; anything else after an EOS is
+        # a response running past its end.
+        if token in eos_ids and i < used - 1 and not (native and (loss[i] == 0 or loss[i + 1] == 0)):
+            fail(P + i + 1, f"the response runs past its EOS at position {P + i}")
+            break
     if row.reason in EOS_REASONS and (not tokens or tokens[-1] not in eos_ids):
         fail(P + max(used - 1, 0), f"termination_reason {row.reason!r} but the last response token is not an EOS")
     return fails
@@ -476,6 +489,26 @@ def _loss_runs(flags: list[int], used: int) -> list[tuple[int, int, int]]:
             out.append((flags[start], start, i))
             start = i
     return out
+
+
+def _check_native_observations(row: _Row, oracle: ModelOracle) -> list[Failure]:
+    """Native tool-call format: every masked block follows a sampled end of turn and ends by
+    opening the next assistant turn, as the model's own chat template writes it."""
+    s, P = row.index, row.prompt_len
+    used = int(row.real.sum())
+    tokens, flags = row.responses[:used].tolist(), row.loss[:used].long().tolist()
+    header = oracle.generation_header()
+    fails: list[Failure] = []
+    for value, start, end in _loss_runs(flags, used):
+        if value:
+            continue
+        if start == 0 or tokens[start - 1] not in oracle.eos_ids:
+            fails.append(Failure("observations", s, P + start, "a tool turn that does not follow a sampled end of turn"))
+        text = oracle.tokenizer.decode(tokens[start:end], skip_special_tokens=False)
+        if not text.endswith(header):
+            fails.append(Failure("observations", s, P + end - 1,
+                                 f"the tool turn at {P + start} does not open the next assistant turn ({header!r})"))
+    return fails
 
 
 def _check_observations(row: _Row, oracle: ModelOracle) -> list[Failure]:
@@ -727,8 +760,9 @@ def check_batch(saved: SavedBatch, model_dir: str | Path, *, forward: bool = Fal
     rows = _rows(saved)
     processed: dict[int, Any] = {}
     skipped_positions = []
+    native = (saved.config or {}).get("action_format") == "tool_call"
     for row in rows:
-        report.failures += _check_row_contract(row, prompts[row.index].long(), oracle.eos_ids)
+        report.failures += _check_row_contract(row, prompts[row.index].long(), oracle.eos_ids, native)
         image_fails, grids, outputs = _check_images(row, saved, oracle)
         report.failures += image_fails
         processed[row.index] = outputs
@@ -736,7 +770,7 @@ def check_batch(saved: SavedBatch, model_dir: str | Path, *, forward: bool = Fal
             report.failures += _check_positions(row, grids, oracle)
         else:
             skipped_positions.append(row.index)
-        report.failures += _check_observations(row, oracle)
+        report.failures += (_check_native_observations if native else _check_observations)(row, oracle)
     if skipped_positions:
         report.notes.append(f"mrope positions not compared for samples {skipped_positions}: "
                             "their image tokens are broken")

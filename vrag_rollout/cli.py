@@ -27,6 +27,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     demo.add_argument("--fixtures", default=None, help="replay recorded retriever traffic from this file")
     demo.add_argument("--family", choices=FAMILY_NAMES, default=None,
                       help="model family of the tiny model to build and run (default qwen2-vl)")
+    demo.add_argument("--action-format", choices=["tags", "tool_call"], default="tags",
+                      help="tags: <search>/<fetch> in one turn; tool_call: the chat template's own tool calls")
     demo.add_argument("--model", default=None,
                       help="run on this local checkpoint of a supported family instead of a tiny model")
 
@@ -85,6 +87,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             response_length=args.response_length,
             seed=args.seed,
             rollout_mode=args.rollout_mode,
+            action_format=args.action_format,
         )
         return 0
     if args.command == "record-fixtures":

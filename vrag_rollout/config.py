@@ -12,6 +12,7 @@ DEFAULT_PAGE_MIN_TOKENS = 256
 DEFAULT_PAGE_MAX_TOKENS = 512
 
 POSITION_LAYOUTS = ("auto", "4", "3")
+ACTION_FORMATS = ("tags", "tool_call")
 ROLLOUT_MODES = ("sync", "continuous")
 
 
@@ -81,6 +82,11 @@ class AgentRolloutConfig:
     # "sync": one generate call per turn for all samples; "continuous": each sample advances on
     # its own through vLLM's continuous batching, with tool calls overlapping generation.
     rollout_mode: str = "sync"
+    # "tags": <search>/<fetch>/<answer> inside one assistant turn, results in <result></result>;
+    # "tool_call": the model's own chat-template tool calls, results as tool turns (README).
+    action_format: str = "tags"
+    # A chat template file to render tool turns with instead of the tokenizer's own (tool_call).
+    chat_template: Optional[str] = None
     # Optional regex that constrains each turn (vLLM structured outputs), e.g. for tiny policies.
     # It also changes the rollout logprobs: vLLM masks the logits before computing them.
     action_regex: Optional[str] = None
@@ -105,6 +111,8 @@ class AgentRolloutConfig:
         unknown_modes = set(self.fetch_modes) - {"image", "text"}
         if unknown_modes:
             problems.append(f"fetch_modes may hold 'image' and 'text' only, got {sorted(unknown_modes)}")
+        if self.action_format not in ACTION_FORMATS:
+            problems.append(f"action_format must be one of {ACTION_FORMATS}, got {self.action_format!r}")
         if self.rollout_mode not in ROLLOUT_MODES:
             problems.append(f"rollout_mode must be one of {ROLLOUT_MODES}, got {self.rollout_mode!r}")
         if str(self.position_ids_layout) not in POSITION_LAYOUTS:

@@ -39,6 +39,17 @@ def action_regex(queries: list[str], max_page: int) -> str:
     return _ACTION_TEMPLATE.format(queries=alternatives, max_page=max_page)
 
 
+def tool_call_regex(queries: list[str], max_page: int) -> str:
+    """The native format's turn: a thought, then one or two tool calls as the chat template
+    writes them, or an answer; the grammar's end leaves only the end-of-turn token."""
+    alternatives = "|".join(_regex_literal(q) for q in queries)
+    search = r'<tool_call>\n\{"name": "search", "arguments": \{"query": "(' + alternatives + r')"\}\}\n</tool_call>'
+    fetch = (r'<tool_call>\n\{"name": "fetch", "arguments": \{"page": [1-' + str(max_page)
+             + r'], "mode": "(image|text)"\}\}\n</tool_call>')
+    call = f"({search}|{fetch})"
+    return rf"<think>[a-z ]{{3,16}}</think>(\n{call}(\n{call})?|<answer>[a-z0-9 ]{{1,12}}</answer>)"
+
+
 def cache_dir() -> Path:
     from .tiny_model import default_model_dir
 
@@ -55,6 +66,20 @@ def prepare_index(work_dir: Path) -> Path:
         pdfs = write_sample_corpus(work_dir / "sample-corpus")
         build_index(pdfs, index_dir, min_pixels=32 * 28 * 28, max_pixels=128 * 28 * 28)
     return index_dir
+
+
+def demo_prompts(tokenizer: Any, processor: Any, samples: list[PromptSample], config: AgentRolloutConfig,
+                 **kwargs: Any) -> Any:
+    """The prompt batch for `config`'s action format: the native format's prompts carry the tool
+    schemas and its own instructions."""
+    if config.action_format != "tool_call":
+        return build_prompt_batch(tokenizer, processor, samples, config.prompt_length, **kwargs)
+    from .prompts import TOOL_CALL_INSTRUCTIONS
+    from .tool_turns import TOOLS
+
+    for sample in samples:
+        sample.instructions = TOOL_CALL_INSTRUCTIONS
+    return build_prompt_batch(tokenizer, processor, samples, config.prompt_length, tools=TOOLS, **kwargs)
 
 
 def demo_questions() -> list[PromptSample]:
@@ -115,6 +140,9 @@ def demo_config(**overrides: Any) -> AgentRolloutConfig:
         max_num_batched_tokens=4096,
         action_regex=action_regex(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE),
     )
+    if overrides.get("action_format") == "tool_call":
+        base["action_regex"] = tool_call_regex(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE)
+        base["prompt_length"] = 1024  # the tool schemas in the system turn
     base.update(overrides)
     return AgentRolloutConfig(**base)
 
@@ -157,7 +185,7 @@ def run_demo(out_path: Path, *, family: Optional[str] = None, model: Optional[st
                              **{**demo_page_band(processor), **config_overrides})
         agent = vLLMRolloutAgent(str(model_dir), config, tokenizer, processor)
         samples = demo_questions()[:batch_size]
-        prompts = build_prompt_batch(tokenizer, processor, samples, config.prompt_length)
+        prompts = demo_prompts(tokenizer, processor, samples, config)
         output = agent.generate_sequences(prompts)
     return finish_demo(output, Path(out_path), processor=processor, model_dir=model_dir, config=config)
 

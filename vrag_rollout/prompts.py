@@ -33,11 +33,21 @@ class PromptSample:
     instructions: str = AGENT_INSTRUCTIONS
 
 
-def render_prompt(tokenizer: Any, sample: PromptSample) -> str:
+TOOL_CALL_INSTRUCTIONS = (
+    "Answer the question about the document using its pages. Call search to find pages and fetch "
+    "to read one page (pages start at 1). Think inside <think></think> and give the final answer, "
+    "without a tool call, inside <answer></answer>."
+)
+
+
+def render_prompt(tokenizer: Any, sample: PromptSample, tools: Optional[Sequence[dict]] = None) -> str:
+    """The chat template's prompt; with `tools` (the native tool-call format) their schemas go
+    into the system turn as the template writes them."""
     content = [{"type": "image"} for _ in sample.images]
     content.append({"type": "text", "text": f"{sample.instructions}\nQuestion: {sample.question}"})
     messages = [{"role": "user", "content": content}]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    extra = {"tools": list(tools)} if tools else {}
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
 
 
 def build_prompt_batch(
@@ -50,6 +60,7 @@ def build_prompt_batch(
     position_rows: int = 4,
     proto_cls: type = DataProto,
     meta_info: Optional[dict] = None,
+    tools: Optional[Sequence[dict]] = None,
 ) -> Any:
     vocab = tokenizer.get_vocab()
     image_pad = vocab["<|image_pad|>"]
@@ -59,7 +70,7 @@ def build_prompt_batch(
 
     rows_ids, rows_mask, rows_pos, raw_ids, mm_data = [], [], [], [], []
     for sample in samples:
-        raw = tokenizer.encode(render_prompt(tokenizer, sample), add_special_tokens=False)
+        raw = tokenizer.encode(render_prompt(tokenizer, sample, tools), add_special_tokens=False)
         grids: list[tuple[int, int, int]] = []
         if sample.images:
             grid_tensor = image_processor(images=sample.images, return_tensors="pt")["image_grid_thw"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Sequence
@@ -223,12 +224,15 @@ class vLLMRollout(BaseRollout):
 
 
 class vLLMRolloutAgent(vLLMRollout):
-    """Multi-turn search/fetch agent over a page-image retriever."""
-
-    stop_strings = TOOL_STOPS
+    """Multi-turn search/fetch agent over a page-image retriever, in the tag action format or the
+    model's native tool-call format (`action_format`)."""
 
     def __init__(self, model_path: str, config: Any, tokenizer: Any, processor: Any, *,
                  inference_engine: Any = None, retriever: Any = None, **kwargs: Any):
+        native = AgentRolloutConfig.from_any(config).action_format == "tool_call"
+        # Tags: a turn stops at </search> or </fetch>. Tool calls: it ends with its end-of-turn
+        # token, the only EOS the chat format continues after (the other one is banned).
+        self.stop_strings = () if native else TOOL_STOPS
         super().__init__(model_path, config, tokenizer, processor, inference_engine=inference_engine, **kwargs)
         from .tools import Observer
         from .vision import page_band
@@ -238,6 +242,22 @@ class vLLMRolloutAgent(vLLMRollout):
         self.band = page_band(processor, self.config.page_min_pixels, self.config.page_max_pixels)
         self.retriever = retriever or self._default_retriever()
         self.observer = Observer(self.observations, self.band)
+        self.tool_turns = None
+        if native:
+            from .tool_turns import TOOLS, ToolTurnTemplate
+
+            template = Path(self.config.chat_template).read_text() if self.config.chat_template else None
+            self.tool_turns = ToolTurnTemplate(tokenizer, TOOLS, chat_template=template)
+            self.turn_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+            other_eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+            if isinstance(other_eos, int) and other_eos != self.turn_end:
+                self.sampling.banned.append(other_eos)
+
+    def _after_generation(self, episode: Episode, output: Any, turn: int) -> Any:
+        if self.tool_turns is None:
+            return super()._after_generation(episode, output, turn)
+        return step.after_tool_call_turn(episode, output, last_turn=turn == self.max_turns - 1,
+                                         turn_end=self.turn_end)
 
     @property
     def max_turns(self) -> int:
@@ -291,14 +311,27 @@ class vLLMRolloutAgent(vLLMRollout):
         return stats.snapshot() if stats is not None else {}
 
     def _tool_outcomes(self, calls: list) -> list:
-        """The retriever's outcomes (pages or failures) for a batch of calls; pure I/O."""
+        """The retriever's outcomes (pages or failures) for a batch of calls; pure I/O. A native
+        tool turn's calls go out flat and come back grouped per turn (invalid calls: None)."""
         from .tools import ToolCall, call_retriever
 
-        requests = [ToolCall(i, action, episode.doc_id) for i, (episode, action) in enumerate(calls)]
-        return call_retriever(requests, self.retriever, self.config.top_n)
+        if self.tool_turns is None:
+            requests = [ToolCall(i, action, episode.doc_id) for i, (episode, action) in enumerate(calls)]
+            return call_retriever(requests, self.retriever, self.config.top_n)
+        flat = [(k, j, ToolCall(0, call, episode.doc_id)) for k, (episode, turn) in enumerate(calls)
+                for j, call in enumerate(turn.calls) if isinstance(call, (Search, Fetch))]
+        outcomes = call_retriever([request for _, _, request in flat], self.retriever, self.config.top_n)
+        grouped: list[list] = [[None] * len(turn.calls) for _, turn in calls]
+        for (k, j, _), outcome in zip(flat, outcomes):
+            grouped[k][j] = outcome
+        return grouped
 
     def _observe_outcomes(self, calls: list, outcomes: list) -> list:
         """Pages decoded and observations built for each call (no episode is changed)."""
+        if self.tool_turns is not None:
+            return [self.observer.observe_tool_turn(turn.calls, outs, episode.remaining, episode.image_slots,
+                                                    self.tool_turns)
+                    for (episode, turn), outs in zip(calls, outcomes)]
         return self.observer.observe_turn(
             [(action, outcome, episode.remaining, episode.image_slots) for (episode, action), outcome in zip(calls, outcomes)]
         )
@@ -309,6 +342,8 @@ class vLLMRolloutAgent(vLLMRollout):
                 episode.searches += 1
             elif isinstance(action, Fetch):
                 episode.fetches += 1
+            episode.searches += result.searches
+            episode.fetches += result.fetches
             episode.retriever_errors += int(result.retriever_error)
             episode.bad_requests += int(result.bad_request)
             episode.undecodable_pages += result.decode_errors

@@ -21,6 +21,7 @@ from typing import Any, Optional, Sequence
 from .actions import Answer, Fetch, Invalid, Search, Stop, parse_action
 from .episode import Episode
 from .observation import Observation, ObservationBuilder
+from .tool_turns import ToolCalls, final_answer, parse_tool_calls
 
 
 def after_generation(
@@ -51,6 +52,31 @@ def after_generation(
         observe(episode, observations.error(action.message, episode.remaining))
         return None
     return action
+
+
+def after_tool_call_turn(episode: Episode, output: Any, *, last_turn: bool, turn_end: int) -> Optional[ToolCalls]:
+    """The native tool-call format's step: a turn ends at the end-of-turn token `turn_end`
+    (`<|im_end|>`); its `<tool_call>` blocks are the actions (invalid ones included, each gets an
+    error answer). A turn without a call ends the episode with its content as the answer. A turn
+    that ended any other way (the length limit, another EOS, an abort) ends the episode: the
+    chat format cannot continue after it."""
+    episode.append_sampled(output.token_ids, output.logprobs)
+    if output.finish_reason == "length":
+        episode.finish("length")
+        return None
+    if output.finish_reason != "stop" or not output.token_ids or output.token_ids[-1] != turn_end:
+        episode.finish("eos" if output.finish_reason == "stop" else "abort")
+        return None
+    calls = parse_tool_calls(output.text)
+    if not calls:
+        episode.answer = final_answer(output.text)
+        episode.finish("answered")
+        return None
+    episode.invalid_actions += sum(isinstance(call, Invalid) for call in calls)
+    if last_turn:
+        episode.finish("max_turns")
+        return None
+    return ToolCalls(tuple(calls))
 
 
 def observe(episode: Episode, observation: Optional[Observation]) -> None:

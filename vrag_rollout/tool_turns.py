@@ -60,15 +60,37 @@ _DUMMY_CALL = {"type": "function", "function": {"name": "search", "arguments": {
 _SPECIAL_OPEN = "<|"
 
 
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+def final_answer(text: str) -> str:
+    """The answer of a turn without tool calls: its last <answer> block, else its content
+    without the reasoning and the end-of-turn token."""
+    answers = _ANSWER.findall(text)
+    if answers:
+        return answers[-1].strip()
+    return _THINK.sub("", text).replace("<|im_end|>", "").strip()
+
+
 class TemplateError(ValueError):
     """A chat template that cannot render a tool turn the way an append-only rollout needs."""
 
 
+@dataclass(frozen=True)
+class ToolCalls:
+    """The calls of one assistant turn, in order (invalid ones included: each gets its answer)."""
+
+    calls: tuple
+
+
 def parse_tool_calls(text: str) -> list[Union[Search, Fetch, Invalid]]:
     """Every `<tool_call>` block of an assistant turn, in order, as an action or the reason it
-    cannot be executed (invalid JSON, unknown tool, missing or ill-typed arguments)."""
+    cannot be executed (invalid JSON, unknown tool, missing or ill-typed arguments, a block never
+    closed). Text around the blocks is the turn's content and is not read."""
     calls: list[Union[Search, Fetch, Invalid]] = []
-    for body in _CALL.findall(text):
+    bodies = _CALL.findall(text)
+    for body in bodies:
         try:
             call = json.loads(body)
         except ValueError as e:
@@ -90,6 +112,8 @@ def parse_tool_calls(text: str) -> list[Union[Search, Fetch, Invalid]]:
                 calls.append(Fetch(mode, page))
         else:
             calls.append(Invalid(f"unknown tool {name!r}; the tools are search and fetch."))
+    if text.count("<tool_call>") > len(bodies):
+        calls.append(Invalid("a <tool_call> was not closed with </tool_call>."))
     return calls
 
 

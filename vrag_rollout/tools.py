@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
 
-from .actions import Fetch, Search
+from .actions import Fetch, Invalid, Search
 from .observation import Observation, ObservationBuilder
 from .retriever_client import FetchSpec, RetrievedPage, RetrieverFailure
 
@@ -32,11 +32,14 @@ class ToolCall:
 @dataclass
 class ObservationResult:
     observation: Optional[Observation]  # None: it did not fit the budget
-    retriever_error: bool = False
+    retriever_error: int = 0  # calls the retriever failed (0 or 1 for the tag format)
     decode_errors: int = 0
-    # The retriever refused what the policy asked for (a page the document does not have, an
-    # unreadable fetch): the policy's mistake, counted apart from retriever faults.
-    bad_request: bool = False
+    # Calls the retriever refused as the policy's mistake (a page the document does not have, an
+    # unreadable fetch), counted apart from retriever faults.
+    bad_request: int = 0
+    searches: int = 0  # executed calls (the tag format counts its one action itself)
+    fetches: int = 0
+    text_pages: list = field(default_factory=list)  # page ids of text fetches in a tool turn
 
 
 def call_retriever(calls: Sequence[ToolCall], client: Any, top_n: int) -> list[Outcome]:
@@ -112,6 +115,75 @@ class Observer:
             [image for image, _ in images], [page_id for _, page_id in images], budget, image_slots
         )
         return ObservationResult(observation, decode_errors=decode_errors)
+
+    def observe_tool_turn(self, calls: Sequence[Any], outcomes: Sequence[Any], budget: int, image_slots: int,
+                          template: Any) -> ObservationResult:
+        """One tool turn (native tool-call format) answering every call of an assistant turn in
+        order: pages as images with their ids, page text, or an error text. Page images that do
+        not fit the budget or the image slots are left out from the last one back (their ids
+        stay, marked as left out); None when not even the texts fit."""
+        pages = [page for outcome in outcomes for page in _image_pages(outcome)]
+        decoded = dict(zip(map(id, pages), self.decoder.map(self._decode, pages)))
+        answers, counts = [], ObservationResult(None)
+        for call, outcome in zip(calls, outcomes):
+            images, text = self._tool_answer(call, outcome, decoded, counts)
+            answers.append((images, text))
+        kept = [len(images) for images, _ in answers]
+        while True:
+            observation = self._tool_observation(answers, kept, budget, image_slots, template, counts.text_pages)
+            if observation is not None or not any(kept):
+                counts.observation = observation
+                return counts
+            last = max(i for i, k in enumerate(kept) if k)
+            kept[last] -= 1
+
+    def _tool_answer(self, call: Any, outcome: Any, decoded: dict, counts: ObservationResult) -> tuple:
+        if isinstance(call, Invalid):
+            return [], f"error: {call.message}"
+        if isinstance(outcome, RetrieverFailure):
+            mistake = outcome.kind == REQUEST_FAILURE
+            counts.bad_request += int(mistake)
+            counts.retriever_error += int(not mistake)
+            return [], f"error: {outcome.message}"
+        counts.searches += int(isinstance(call, Search))
+        counts.fetches += int(isinstance(call, Fetch))
+        found = outcome if isinstance(outcome, list) else [outcome]
+        if not found:
+            return [], "no pages found for this query."
+        if found[0].modality == "text":
+            ids = self.builder.encode_text(found[0].contents)[: self.builder.max_text_tokens]
+            counts.text_pages.append(found[0].page_id)
+            return [], f"page {found[0].page_id}:\n" + self.builder.tokenizer.decode(ids)
+        images = [(decoded[id(p)], p.page_id) for p in found if decoded[id(p)] is not None]
+        counts.decode_errors += len(found) - len(images)
+        if not images:
+            counts.retriever_error += 1
+            return [], "error: the page images could not be decoded."
+        return images, "pages: " + ", ".join(page_id for _, page_id in images)
+
+    def _tool_observation(self, answers: list, kept: list, budget: int, image_slots: int,
+                          template: Any, text_pages: Sequence[str] = ()) -> Optional[Observation]:
+        from .tool_turns import ToolResult
+
+        if sum(kept) > max(image_slots, 0):
+            return None
+        images = [img for (imgs, _), k in zip(answers, kept) for img in imgs[:k]]
+        results = [ToolResult(text if k == len(imgs) else text + f" ({len(imgs) - k} left out: no room)", images=k)
+                   for (imgs, text), k in zip(answers, kept)]
+        engine_ids = template.observation_ids(results)
+        pad = self.builder.vision.image_pad
+        if engine_ids.count(pad) != len(images):
+            raise RuntimeError(f"the chat template rendered {engine_ids.count(pad)} image pads for {len(images)} images")
+        trainer_ids: list[int] = []
+        pages = iter(images)
+        for token in engine_ids:
+            trainer_ids.extend([pad] * next(pages)[0].num_tokens if token == pad else [token])
+        if len(trainer_ids) > budget:
+            return None
+        return Observation(engine_ids=tuple(engine_ids), trainer_ids=tuple(trainer_ids),
+                           images=tuple(img for img, _ in images),
+                           page_ids=tuple(pid for _, pid in images) + tuple(text_pages),
+                           dropped_images=sum(len(imgs) for imgs, _ in answers) - len(images))
 
     def _decode(self, page: RetrievedPage) -> Any:
         try:

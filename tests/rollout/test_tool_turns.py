@@ -96,7 +96,7 @@ def test_a_template_without_tool_rules_is_refused(processor):
     ('<tool_call>{"name": "fetch", "arguments": {"page": "3", "mode": "image"}}</tool_call>', ["integer 'page'"]),
     ('<tool_call>{"name": "fetch", "arguments": {"page": 2, "mode": "audio"}}</tool_call>', ["'mode' image or text"]),
     ('<tool_call>["search"]</tool_call>', ['"arguments"']),
-    ('<tool_call>{"name": "search", "arguments": {"query": "q"}}', []),  # unterminated: no call
+    ('<tool_call>{"name": "search", "arguments": {"query": "q"}}', ["not closed"]),  # unterminated
     ("no call at all", []),
 ])
 def test_parse_tool_calls(text, expected):
