@@ -192,8 +192,8 @@ class Observer:
             return None
 
 
-def _image_pages(outcome: Outcome) -> list[RetrievedPage]:
-    if isinstance(outcome, RetrieverFailure):
+def _image_pages(outcome: Optional[Outcome]) -> list[RetrievedPage]:
+    if outcome is None or isinstance(outcome, RetrieverFailure):  # None: an invalid call, never sent
         return []
     pages = outcome if isinstance(outcome, list) else [outcome]
     return [page for page in pages if page.modality == "image"]

@@ -58,3 +58,41 @@ def test_a_page_the_document_lacks_is_the_policys_mistake(tiny_model_dir, tiny_p
     assert metrics["rollout/retriever_errors"] == 0 and metrics["retriever/failures/request"] == len(samples)
     text = tiny_processor.tokenizer.decode(output.batch["responses"][0][output.batch["response_mask"][0].bool()].tolist())
     assert "error: page 6 is out of range; document 'annual_report' has pages 1..4" in text
+
+
+NATIVE_CASES = {
+    # grammar of every turn: (error text in the tool response or None, searches per sample)
+    "invalid_json": (r'<tool_call>\n\{"name": "search", "arguments": \{"query": "x"\n</tool_call>',
+                     "error: the tool call is not valid JSON", 0),
+    "unknown_tool": (r'<tool_call>\n\{"name": "browse", "arguments": \{\}\}\n</tool_call>',
+                     "error: unknown tool 'browse'", 0),
+    "unclosed_call": (r'<tool_call>\n\{"name": "search"', "error: a <tool_call> was not closed", 0),
+    "two_calls": (r'<tool_call>\n\{"name": "search", "arguments": \{"query": "battery life and Zigbee radio"\}\}\n'
+                  r'</tool_call>\n<tool_call>\n\{"name": "fetch", "arguments": \{"page": 1, "mode": "image"\}\}\n</tool_call>',
+                  None, 1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NATIVE_CASES))
+def test_native_tool_calls_a_policy_writes(case, tiny_model_dir, tiny_processor, tiny_llm):
+    """Malformed native calls get an error tool response and count as invalid actions; two calls
+    in one turn both run, answered in one tool turn. Never a crash or a stalled batch."""
+    from vrag_rollout.demo import demo_prompts
+
+    regex, error, searches = NATIVE_CASES[case]
+    client = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))
+    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=1, max_turns=2, action_format="tool_call",
+                       prompt_length=1024, action_regex=regex)
+    samples = sample_prompts(2, with_images=False)
+    output = agent.generate_sequences(demo_prompts(tiny_processor.tokenizer, tiny_processor, samples, agent.config))
+    tok = tiny_processor.tokenizer
+    for row in range(len(output)):
+        used = int(output.batch["response_mask"][row].sum())
+        text = tok.decode(output.batch["responses"][row][:used].tolist(), skip_special_tokens=False)
+        assert output.non_tensor_batch["termination_reason"][row] == "max_turns", text[-200:]
+        assert text.count("<tool_response>") == (2 if case == "two_calls" else 1)  # one tool turn, then the last turn
+        if error:
+            assert error in text
+        assert output.non_tensor_batch["num_searches"][row] == searches
+    invalid = 0 if error is None else 2 * len(output)  # both turns hold the bad call
+    assert output.meta_info["metrics"]["rollout/invalid_actions"] == invalid
