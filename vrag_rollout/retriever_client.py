@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor

@@ -246,7 +246,7 @@ class vLLMRolloutAgent(vLLMRollout):
         if native:
             from .tool_turns import TOOLS, ToolTurnTemplate
 
-            template = Path(self.config.chat_template).read_text() if self.config.chat_template else None
+            template = _read_template(self.config.chat_template) if self.config.chat_template else None
             self.tool_turns = ToolTurnTemplate(tokenizer, TOOLS, chat_template=template)
             self.turn_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
             other_eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
@@ -360,6 +360,13 @@ def narrowed_band(band: Any, min_pixels: Optional[int], max_pixels: Optional[int
             f"image band [{min_pixels}, {max_pixels}]: set page_min_pixels/page_max_pixels inside it"
         )
     return dataclasses.replace(band, min_pixels=low, max_pixels=high)
+
+
+def _read_template(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as e:
+        raise ValueError(f"chat_template {path!r} cannot be read as a template file: {e}") from e
 
 
 def _dp_rank(config: AgentRolloutConfig) -> int:

@@ -19,7 +19,6 @@ import tempfile
 from pathlib import Path
 
 from .families import family_by_name
-from .tiny_families import QWEN2_CHAT_TEMPLATE as CHAT_TEMPLATE
 from .tiny_families import TINY_FAMILIES, TinyFamily
 
 # Bump when anything that changes the built files changes: old caches are then rebuilt.

@@ -146,6 +146,12 @@ class ToolTurnTemplate:
         if any(json.dumps(tool["function"]["name"]) not in system for tool in self.tools):
             raise TemplateError("the chat template ignores tools= (no tool schemas in the system turn): "
                                 "use the tags action format or give a template with tool rules")
+        # The conversation before the tool turn is the same for every turn: render it once.
+        before = self._render(self._base, generation_prompt=False)
+        self._cut = before.rfind("<|im_end|>") + len("<|im_end|>")
+        if self._cut < len("<|im_end|>"):
+            raise TemplateError("the chat template does not end an assistant turn with <|im_end|>")
+        self._before = before[: self._cut]
         self.observation_text([ToolResult("probe", images=1)])
 
     def _render(self, messages: list, generation_prompt: bool) -> str:
@@ -157,13 +163,11 @@ class ToolTurnTemplate:
     def observation_text(self, results: Sequence[ToolResult]) -> str:
         """What the template renders after the assistant turn's `<|im_end|>` up to the next
         generation prompt, for these tool results (in order)."""
-        before = self._render(self._base, generation_prompt=False)
         after = self._render(self._base + [r.message() for r in results], generation_prompt=True)
-        cut = before.rfind("<|im_end|>") + len("<|im_end|>")
-        if cut < len("<|im_end|>") or not after.startswith(before[:cut]):
+        if not after.startswith(self._before):
             raise TemplateError("the chat template rewrites the assistant turn when a tool turn follows it; "
                                 "a rollout that appends tokens cannot follow it (give a template that does)")
-        text = after[cut:]
+        text = after[self._cut:]
         position = 0
         for result in results:
             found = text.find(result.message()["content"][-1]["text"], position)

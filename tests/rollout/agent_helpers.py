@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+import threading
+import time
+
 import torch
 import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl
 import transformers.models.qwen2_vl.modeling_qwen2_vl
@@ -76,3 +80,39 @@ ROPE_CLASSES = {
     "qwen2_5_vl": transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.Qwen2_5_VLModel,
     "qwen3_vl": transformers.models.qwen3_vl.modeling_qwen3_vl.Qwen3VLModel,
 }
+
+
+class DelayedReplay:
+    """The recorded retriever answering after a random delay of this process's own (so results
+    come back at varying engine steps); counts the calls out at once, and can start raising an
+    unexpected error after `fail_after` calls (a bug in the retriever path)."""
+
+    def __init__(self, low_s: float = 0.0, high_s: float = 0.03, fail_after: int | None = None):
+        from tests.conftest import SAMPLE_RETRIEVAL
+        from vrag_rollout.fixtures import FixtureTransport
+
+        self.inner = FixtureTransport.load(SAMPLE_RETRIEVAL)
+        self.low_s, self.high_s, self.fail_after = low_s, high_s, fail_after
+        self.rng = random.Random()
+        self.lock = threading.Lock()
+        self.out = self.most_out = self.calls = 0
+
+    def post(self, path, body, timeout):
+        with self.lock:
+            self.calls += 1
+            if self.fail_after is not None and self.calls > self.fail_after:
+                raise RuntimeError("a bug in the retriever path")
+            self.out += 1
+            self.most_out = max(self.most_out, self.out)
+        try:
+            time.sleep(self.rng.uniform(self.low_s, self.high_s))
+            return self.inner.post(path, body, timeout)
+        finally:
+            with self.lock:
+                self.out -= 1
+
+    def get(self, path, timeout):
+        return self.inner.get(path, timeout)
+
+    def close(self):
+        pass

@@ -16,6 +16,7 @@ from tensordict import TensorDict
 
 from tests.conftest import SAMPLE_RETRIEVAL
 from tests.rollout.agent_helpers import (
+    DelayedReplay,
     hf_rope_index,
     make_agent,
     processor_grids,
@@ -206,11 +207,9 @@ def test_continuous_schedule_gives_the_same_episodes(rollout, family_model):
     """Continuous batching changes when each sample runs, not what it samples: per-sample seeds
     make the episodes identical to the turn-synchronized ones, whatever the retriever's latency
     (here random, 0 to 30 ms a call, so results come back at varying engine steps)."""
-    from tests.rollout.tp_ranks import Jittered
-
     _, _, replayed, _ = rollout
     fm = family_model
-    client = RetrieverClient(None, transport=Jittered(FixtureTransport.load(SAMPLE_RETRIEVAL)))
+    client = RetrieverClient(None, transport=DelayedReplay())
     agent = make_agent(fm.model_dir, fm.processor, fm.llm, client, n=N, rollout_mode="continuous")
     prompts = prompt_batch(fm.processor, sample_prompts(BATCH), agent, proto_cls=verl_protocol.DataProto)
     continuous = agent.generate_sequences(prompts)

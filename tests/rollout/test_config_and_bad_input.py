@@ -24,6 +24,7 @@ def test_unknown_keys_are_rejected_not_ignored():
         ({"fetch_modes": ("image", "audio")}, "fetch_modes"),
         ({"position_ids_layout": "5"}, "position_ids_layout"),
         ({"retriever_timeout": 0}, "retriever_timeout"),
+        ({"action_format": "xml"}, "action_format must be one of"),
     ],
 )
 def test_invalid_values(overrides, fragment):
@@ -63,3 +64,10 @@ def test_unset_lengths_are_refused(tiny_model_dir, tiny_processor):
     with pytest.raises(ValueError, match="prompt_length and response_length must be set"):
         vLLMRolloutAgent(str(tiny_model_dir), AgentRolloutConfig(), tiny_processor.tokenizer, tiny_processor,
                          inference_engine=object(), retriever=object())
+
+
+def test_an_unreadable_chat_template_file_is_refused_by_name(tiny_model_dir, tiny_processor, tmp_path):
+    missing = tmp_path / "no-such-template.jinja"
+    with pytest.raises(ValueError, match="no-such-template.jinja.*cannot be read"):
+        agent(tiny_model_dir, tiny_processor, action_format="tool_call", chat_template=str(missing),
+              page_min_pixels=16 * 784, page_max_pixels=64 * 784)

@@ -9,13 +9,10 @@ per-process delay. The rank writes what it saw to a pickle for the test to compa
 from __future__ import annotations
 
 import pickle
-import random
-import time
 from types import SimpleNamespace
 
 import torch.distributed as dist
 
-from tests.conftest import SAMPLE_RETRIEVAL
 
 class ScriptedEngine:
     """What a turn says is a function of its request's seed alone; each request finishes a
@@ -68,23 +65,6 @@ class ScriptedEngine:
         return out
 
 
-class Jittered:
-    """The recorded retriever, answering after a random delay of this process's own."""
-
-    def __init__(self, inner):
-        self.inner, self.rng = inner, random.Random()
-
-    def post(self, path, body, timeout):
-        time.sleep(self.rng.uniform(0.0, 0.03))
-        return self.inner.post(path, body, timeout)
-
-    def get(self, path, timeout):
-        return self.inner.get(path, timeout)
-
-    def close(self):
-        pass
-
-
 class Down:
     def post(self, path, body, timeout):
         from vrag_rollout.retriever_client import TransportConnectionError
@@ -102,17 +82,16 @@ def run_rank(rank: int, port: int, model_dir: str, out_path: str) -> None:
     from transformers import AutoProcessor
 
     from retriever_server.sample_corpus import SAMPLE_FACTS
-    from tests.rollout.agent_helpers import prompt_batch, sample_prompts
+    from tests.rollout.agent_helpers import DelayedReplay, prompt_batch, sample_prompts
     from vrag_rollout import vLLMRolloutAgent
     from vrag_rollout.demo import demo_config, demo_page_band
-    from vrag_rollout.fixtures import FixtureTransport
     from vrag_rollout.group_sync import GroupSync, LocalSync
     from vrag_rollout.retriever_client import RetrieverClient
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         processor = AutoProcessor.from_pretrained(model_dir)
-        transport = Jittered(FixtureTransport.load(SAMPLE_RETRIEVAL)) if rank == 0 else Down()
+        transport = DelayedReplay() if rank == 0 else Down()
         seen = {}
         for mode in ("sync", "continuous"):
             for synced in (True, False):
