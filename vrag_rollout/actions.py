@@ -60,9 +60,11 @@ class Stop:
 
 @dataclass(frozen=True)
 class Invalid:
-    """A tool call the rollout cannot execute; the message goes back to the model."""
+    """A tool call the rollout cannot execute; the message goes back to the model, and `kind`
+    names the mistake in the metrics (`rollout/invalid_actions/<kind>`)."""
 
     message: str
+    kind: str = "malformed"
 
 
 Action = Union[Search, Fetch, Answer, Stop, Invalid]
@@ -100,13 +102,13 @@ def _parse_tool_call(text: str, stop: str, fetch_modes: Sequence[str]) -> Action
     if answers:  # the policy answered before calling the tool: the answer ends the episode
         return Answer(answers[-1].group(1).strip())
     if start < 0:
-        return Invalid(f"<{tag}> is missing before </{tag}>; write <{tag}>...</{tag}>.")
+        return Invalid(f"<{tag}> is missing before </{tag}>; write <{tag}>...</{tag}>.", "missing_open_tag")
     body = text[start + len(tag) + 2 : end].strip()
     if tag == "search":
         if not body:
-            return Invalid("the search query is empty; write <search>your query</search>.")
+            return Invalid("the search query is empty; write <search>your query</search>.", "empty_query")
         if len(body) > MAX_QUERY_CHARS:
-            return Invalid(f"the search query is longer than {MAX_QUERY_CHARS} characters.")
+            return Invalid(f"the search query is longer than {MAX_QUERY_CHARS} characters.", "long_query")
         return Search(body)
     return _parse_fetch(body, fetch_modes)
 
@@ -116,13 +118,13 @@ def _parse_fetch(body: str, fetch_modes: Sequence[str]) -> Action:
     usage = f"write <fetch>{fetch_modes[0]}, 3</fetch> with modality {modes} and a page number from 1."
     match = _FETCH_SPEC.match(body)
     if not match:
-        return Invalid(f"cannot read fetch '{body[:60]}'; {usage}")
+        return Invalid(f"cannot read fetch '{body[:60]}'; {usage}", "unreadable_fetch")
     if match.group("nth"):
         modality, page = "image", int(match.group("nth"))
     else:
         modality, page = match.group("modality").lower(), int(match.group("page"))
     if modality not in fetch_modes:
-        return Invalid(f"fetch modality '{modality}' is not available; {usage}")
+        return Invalid(f"fetch modality '{modality}' is not available; {usage}", "bad_modality")
     if page < 1:
-        return Invalid(f"page numbers start at 1, got {page}; {usage}")
+        return Invalid(f"page numbers start at 1, got {page}; {usage}", "bad_page")
     return Fetch(modality, page)

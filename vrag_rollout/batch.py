@@ -117,6 +117,10 @@ def collect_metrics(episodes: Sequence[Episode], client_stats: dict, elapsed: fl
     }
     for reason, number in reasons.items():
         metrics[f"rollout/termination/{reason}"] = float(number)
+    kinds = sum((ep.invalid_kinds for ep in episodes), Counter())
+    for kind, number in sorted(kinds.items()):
+        metrics[f"rollout/invalid_actions/{kind}"] = float(number)
+    metrics["rollout/tool_calls_cut"] = float(sum(ep.calls_cut for ep in episodes))
     for key, value in client_stats.items():
         metrics[f"retriever/{key}"] = float(value)
     return metrics

@@ -8,6 +8,7 @@ Invariants every method keeps, checked by property tests:
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -42,6 +43,8 @@ class Episode:
     searches: int = 0
     fetches: int = 0
     invalid_actions: int = 0
+    invalid_kinds: Counter = field(default_factory=Counter)  # kind -> count (actions.Invalid.kind)
+    calls_cut: int = 0  # tool calls left open when the episode's sampling hit the length limit
     retriever_errors: int = 0
     bad_requests: int = 0  # fetches the retriever refused as the policy's mistake (no such page)
     undecodable_pages: int = 0  # retrieved page images that could not be decoded (left out)
@@ -97,6 +100,10 @@ class Episode:
         self.images_dropped += observation.dropped_images
         self.page_ids.append(list(observation.page_ids))
         return True
+
+    def count_invalid(self, kind: str) -> None:
+        self.invalid_actions += 1
+        self.invalid_kinds[kind] += 1
 
     def finish(self, reason: str) -> None:
         if reason not in TERMINATION_REASONS:

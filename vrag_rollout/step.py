@@ -44,7 +44,7 @@ def after_generation(
         episode.finish(action.reason)
         return None
     if isinstance(action, Invalid):
-        episode.invalid_actions += 1
+        episode.count_invalid(action.kind)
     if last_turn:
         episode.finish("max_turns")
         return None
@@ -62,6 +62,7 @@ def after_tool_call_turn(episode: Episode, output: Any, *, last_turn: bool, turn
     chat format cannot continue after it."""
     episode.append_sampled(output.token_ids, output.logprobs)
     if output.finish_reason == "length":
+        episode.calls_cut += int(output.text.count("<tool_call>") > output.text.count("</tool_call>"))
         episode.finish("length")
         return None
     if output.finish_reason != "stop" or not output.token_ids or output.token_ids[-1] != turn_end:
@@ -72,7 +73,9 @@ def after_tool_call_turn(episode: Episode, output: Any, *, last_turn: bool, turn
         episode.answer = final_answer(output.text)
         episode.finish("answered")
         return None
-    episode.invalid_actions += sum(isinstance(call, Invalid) for call in calls)
+    for call in calls:
+        if isinstance(call, Invalid):
+            episode.count_invalid(call.kind)
     if last_turn:
         episode.finish("max_turns")
         return None

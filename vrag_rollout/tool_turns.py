@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
-from .actions import Fetch, Invalid, Search
+from .actions import MAX_QUERY_CHARS, Fetch, Invalid, Search
 
 SEARCH_TOOL = {
     "type": "function",
@@ -87,34 +87,44 @@ class ToolCalls:
 def parse_tool_calls(text: str) -> list[Union[Search, Fetch, Invalid]]:
     """Every `<tool_call>` block of an assistant turn, in order, as an action or the reason it
     cannot be executed (invalid JSON, unknown tool, missing or ill-typed arguments, a block never
-    closed). Text around the blocks is the turn's content and is not read."""
+    closed). Text before the first block is the turn's content (its reasoning) and is not read;
+    text after the last closed block is a mistake: the calls still run, and one more error answer
+    says the text was ignored (a chat message holds content, then its calls)."""
     calls: list[Union[Search, Fetch, Invalid]] = []
     bodies = _CALL.findall(text)
     for body in bodies:
-        try:
-            call = json.loads(body)
-        except ValueError as e:
-            calls.append(Invalid(f"the tool call is not valid JSON ({e.msg})."))
-            continue
-        if not isinstance(call, dict) or not isinstance(call.get("arguments"), dict):
-            calls.append(Invalid('write {"name": ..., "arguments": {...}} inside <tool_call></tool_call>.'))
-            continue
-        name, args = call.get("name"), call["arguments"]
-        if name == "search":
-            query = args.get("query")
-            ok = isinstance(query, str) and query.strip()
-            calls.append(Search(query.strip()) if ok else Invalid("search needs a non-empty string 'query'."))
-        elif name == "fetch":
-            page, mode = args.get("page"), args.get("mode")
-            if isinstance(page, bool) or not isinstance(page, int) or page < 1 or mode not in ("image", "text"):
-                calls.append(Invalid("fetch needs an integer 'page' from 1 and 'mode' image or text."))
-            else:
-                calls.append(Fetch(mode, page))
-        else:
-            calls.append(Invalid(f"unknown tool {name!r}; the tools are search and fetch."))
+        calls.append(_read_call(body))
     if text.count("<tool_call>") > len(bodies):
-        calls.append(Invalid("a <tool_call> was not closed with </tool_call>."))
+        calls.append(Invalid("a <tool_call> was not closed with </tool_call>.", "unclosed_call"))
+    elif bodies:
+        after = text[text.rfind("</tool_call>") + len("</tool_call>"):].replace("<|im_end|>", "")
+        if after.strip():
+            calls.append(Invalid("text after </tool_call> was ignored; end the turn after the last call.",
+                                 "text_after_call"))
     return calls
+
+
+def _read_call(body: str) -> Union[Search, Fetch, Invalid]:
+    try:
+        call = json.loads(body)
+    except ValueError as e:
+        return Invalid(f"the tool call is not valid JSON ({e.msg}).", "invalid_json")
+    if not isinstance(call, dict) or not isinstance(call.get("arguments"), dict):
+        return Invalid('write {"name": ..., "arguments": {...}} inside <tool_call></tool_call>.', "bad_call_shape")
+    name, args = call.get("name"), call["arguments"]
+    if name == "search":
+        query = args.get("query")
+        if not (isinstance(query, str) and query.strip()):
+            return Invalid("search needs a non-empty string 'query'.", "bad_arguments")
+        if len(query.strip()) > MAX_QUERY_CHARS:
+            return Invalid(f"the search query is longer than {MAX_QUERY_CHARS} characters.", "long_query")
+        return Search(query.strip())
+    if name == "fetch":
+        page, mode = args.get("page"), args.get("mode")
+        if isinstance(page, bool) or not isinstance(page, int) or page < 1 or mode not in ("image", "text"):
+            return Invalid("fetch needs an integer 'page' from 1 and 'mode' image or text.", "bad_arguments")
+        return Fetch(mode, page)
+    return Invalid(f"unknown tool {name!r}; the tools are search and fetch.", "unknown_tool")
 
 
 @dataclass(frozen=True)

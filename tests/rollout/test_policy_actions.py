@@ -18,7 +18,7 @@ CASES = {
     "unterminated_tag_at_eos": (r"<search>[a-z ]{3,10}", "eos", 0, 0, None),
     "unterminated_tag_at_length": (r"<search>[a-z]{900,1000}</search>", "length", 0, 0, None),
     "empty_query": (r"<search></search>", "max_turns", 0, 2, "error: the search query is empty"),
-    "page_zero": (r"<fetch>image, 0</fetch>", "max_turns", 0, 2, "error: page numbers start at 1"),
+    "bad_page": (r"<fetch>image, 0</fetch>", "max_turns", 0, 2, "error: page numbers start at 1"),
     "search_then_answer": (r"<search>battery life and Zigbee radio</search>|<answer>[a-z]{2,5}</answer>", None, None, 0, None),
 }
 
@@ -41,8 +41,11 @@ def test_policy_written_actions(case, tiny_model_dir, tiny_processor, tiny_llm):
             assert columns["num_searches"][row] == searches, (case, decoded)
         if text is not None:
             assert decoded.count(text) == 1, (case, decoded)  # corrected once, then the last turn ends it
-    assert output.meta_info["metrics"]["rollout/invalid_actions"] == invalid * len(output)
-    assert output.meta_info["metrics"]["rollout/retriever_errors"] == 0
+    metrics = output.meta_info["metrics"]
+    assert metrics["rollout/invalid_actions"] == invalid * len(output)
+    kinds = {key: value for key, value in metrics.items() if key.startswith("rollout/invalid_actions/")}
+    assert kinds == ({f"rollout/invalid_actions/{case}": invalid * len(output)} if invalid else {})
+    assert metrics["rollout/retriever_errors"] == 0
 
 
 def test_a_page_the_document_lacks_is_the_policys_mistake(tiny_model_dir, tiny_processor, tiny_llm):
@@ -61,25 +64,33 @@ def test_a_page_the_document_lacks_is_the_policys_mistake(tiny_model_dir, tiny_p
 
 
 NATIVE_CASES = {
-    # grammar of every turn: (error text in the tool response or None, searches per sample)
+    # grammar of every turn: (error text in the tool response or None, searches per sample, the
+    # invalid kind counted per turn or None)
     "invalid_json": (r'<tool_call>\n\{"name": "search", "arguments": \{"query": "x"\n</tool_call>',
-                     "error: the tool call is not valid JSON", 0),
+                     "error: the tool call is not valid JSON", 0, "invalid_json"),
     "unknown_tool": (r'<tool_call>\n\{"name": "browse", "arguments": \{\}\}\n</tool_call>',
-                     "error: unknown tool 'browse'", 0),
-    "unclosed_call": (r'<tool_call>\n\{"name": "search"', "error: a <tool_call> was not closed", 0),
+                     "error: unknown tool 'browse'", 0, "unknown_tool"),
+    "ill_typed_arguments": (r'<tool_call>\n\{"name": "fetch", "arguments": \{"page": "two", "mode": "image"\}\}\n</tool_call>',
+                            "error: fetch needs an integer 'page' from 1", 0, "bad_arguments"),
+    "missing_arguments": (r'<tool_call>\n\{"name": "search", "arguments": \{\}\}\n</tool_call>',
+                          "error: search needs a non-empty string 'query'", 0, "bad_arguments"),
+    "unclosed_call_at_eos": (r'<tool_call>\n\{"name": "search"', "error: a <tool_call> was not closed", 0, "unclosed_call"),
+    "text_after_call": (r'<tool_call>\n\{"name": "search", "arguments": \{"query": "battery life and Zigbee radio"\}\}\n'
+                        r'</tool_call> and then [a-z]{3,8}', "error: text after </tool_call> was ignored", 1, "text_after_call"),
     "two_calls": (r'<tool_call>\n\{"name": "search", "arguments": \{"query": "battery life and Zigbee radio"\}\}\n'
                   r'</tool_call>\n<tool_call>\n\{"name": "fetch", "arguments": \{"page": 1, "mode": "image"\}\}\n</tool_call>',
-                  None, 1),
+                  None, 1, None),
 }
 
 
 @pytest.mark.parametrize("case", sorted(NATIVE_CASES))
 def test_native_tool_calls_a_policy_writes(case, tiny_model_dir, tiny_processor, tiny_llm):
-    """Malformed native calls get an error tool response and count as invalid actions; two calls
-    in one turn both run, answered in one tool turn. Never a crash or a stalled batch."""
+    """Malformed native calls get an error tool response and count as invalid actions, by kind;
+    valid calls in the same turn still run (two calls in one turn are answered in one tool turn).
+    Never a crash or a stalled batch."""
     from vrag_rollout.demo import demo_prompts
 
-    regex, error, searches = NATIVE_CASES[case]
+    regex, error, searches, kind = NATIVE_CASES[case]
     client = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))
     agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=1, max_turns=2, action_format="tool_call",
                        prompt_length=1024, action_regex=regex)
@@ -90,9 +101,34 @@ def test_native_tool_calls_a_policy_writes(case, tiny_model_dir, tiny_processor,
         used = int(output.batch["response_mask"][row].sum())
         text = tok.decode(output.batch["responses"][row][:used].tolist(), skip_special_tokens=False)
         assert output.non_tensor_batch["termination_reason"][row] == "max_turns", text[-200:]
-        assert text.count("<tool_response>") == (2 if case == "two_calls" else 1)  # one tool turn, then the last turn
+        # One tool turn (the second turn is the last): one answer per call, one more for text after them.
+        assert text.count("<tool_response>") == (2 if case in ("two_calls", "text_after_call") else 1)
         if error:
             assert error in text
         assert output.non_tensor_batch["num_searches"][row] == searches
-    invalid = 0 if error is None else 2 * len(output)  # both turns hold the bad call
-    assert output.meta_info["metrics"]["rollout/invalid_actions"] == invalid
+    metrics = output.meta_info["metrics"]
+    invalid = 0 if kind is None else 2 * len(output)  # both turns hold the mistake
+    assert metrics["rollout/invalid_actions"] == invalid
+    kinds = {key: value for key, value in metrics.items() if key.startswith("rollout/invalid_actions/")}
+    assert kinds == ({} if kind is None else {f"rollout/invalid_actions/{kind}": invalid})
+
+
+def test_a_native_call_cut_at_the_length_limit(tiny_model_dir, tiny_processor, tiny_llm):
+    """A call still open when sampling hits the length limit (max_tokens is the episode's
+    remaining budget) is never executed: the episode ends with "length", its last token a
+    sampled one, and the cut call is counted apart from invalid actions."""
+    from vrag_rollout.demo import demo_prompts
+
+    regex = r'<tool_call>\n\{"name": "search", "arguments": \{"query": "[a-z]{900,1000}"\}\}\n</tool_call>'
+    client = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))
+    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=2, max_turns=3, action_format="tool_call",
+                       prompt_length=1024, response_length=64, action_regex=regex)
+    output = agent.generate_sequences(demo_prompts(tiny_processor.tokenizer, tiny_processor,
+                                                   sample_prompts(2, with_images=False), agent.config))
+    assert list(output.non_tensor_batch["termination_reason"]) == ["length"] * len(output)
+    assert output.meta_info["metrics"]["rollout/tool_calls_cut"] == len(output)
+    assert output.meta_info["metrics"]["rollout/invalid_actions"] == 0
+    assert output.meta_info["metrics"]["rollout/searches"] == 0
+    for row in range(len(output)):
+        used = int(output.batch["response_mask"][row].sum())
+        assert used == agent.config.response_length and bool(output.batch["loss_mask"][row][used - 1])

@@ -98,6 +98,11 @@ def test_a_template_without_tool_rules_is_refused(processor):
     ('<tool_call>["search"]</tool_call>', ['"arguments"']),
     ('<tool_call>{"name": "search", "arguments": {"query": "q"}}', ["not closed"]),  # unterminated
     ("no call at all", []),
+    ('<think>plan</think>\n<tool_call>{"name": "search", "arguments": {"query": "q"}}</tool_call>\n<|im_end|>',
+     [Search("q")]),  # reasoning before the call, whitespace after it: well formed
+    ('<tool_call>{"name": "search", "arguments": {"query": "q"}}</tool_call> done<|im_end|>',
+     [Search("q"), "text after </tool_call>"]),
+    ('<tool_call>{"name": "search", "arguments": {"query": "' + "x" * 513 + '"}}</tool_call>', ["longer than 512"]),
 ])
 def test_parse_tool_calls(text, expected):
     calls = parse_tool_calls(text)
@@ -107,3 +112,15 @@ def test_parse_tool_calls(text, expected):
             assert isinstance(call, Invalid) and want in call.message, call
         else:
             assert call == want
+
+
+@pytest.mark.parametrize("text, kind", [
+    ('<tool_call>{"name": "search", "arguments": {"query": "q"</tool_call>', "invalid_json"),
+    ('<tool_call>["search"]</tool_call>', "bad_call_shape"),
+    ('<tool_call>{"name": "browse", "arguments": {}}</tool_call>', "unknown_tool"),
+    ('<tool_call>{"name": "fetch", "arguments": {"page": 0, "mode": "image"}}</tool_call>', "bad_arguments"),
+    ('<tool_call>{"name": "search"', "unclosed_call"),
+    ('<tool_call>{"name": "search", "arguments": {"query": "q"}}</tool_call>x', "text_after_call"),
+])
+def test_each_mistake_has_its_kind(text, kind):
+    assert [call.kind for call in parse_tool_calls(text) if isinstance(call, Invalid)] == [kind]
