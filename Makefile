@@ -6,9 +6,10 @@ setup:
 	bash scripts/setup.sh
 
 FAMILY ?= qwen2-vl
+ACTION_FORMAT ?= tags
 
 demo: setup
-	.venv/bin/vrag-rollout demo --family $(FAMILY)
+	.venv/bin/vrag-rollout demo --family $(FAMILY) --action-format $(ACTION_FORMAT)
 
 test: setup
 	$(PY) -m pytest

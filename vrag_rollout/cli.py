@@ -68,6 +68,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          help="first page number in the source's reference_page (written 1-based)")
     convert.add_argument("--drop-missing", action="store_true",
                          help="leave out (and report) questions whose document is not in --index")
+    convert.add_argument("--action-format", choices=["tags", "tool_call"], default="tags",
+                         help="the instructions written into each prompt (match worker.rollout.action_format)")
 
     args = parser.parse_args(argv)
     # vLLM's CPU worker logs a warning on every generate call; keep the demo's output readable.
@@ -112,7 +114,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .dataset import convert_dataset_command
 
         return convert_dataset_command(args.source, args.out, index_dir=args.index, report_path=args.report,
-                                       page_base=args.page_base, drop_missing=args.drop_missing)
+                                       page_base=args.page_base, drop_missing=args.drop_missing,
+                                       action_format=args.action_format)
     return 2
 
 

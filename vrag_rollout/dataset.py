@@ -11,8 +11,10 @@ page ids. The document id is the file name's stem, the rule `vrag-retriever inde
 
 Output columns (one row per question, in input order; no list columns, because EasyR1's
 collate turns equal-length lists into a 2-D object array):
-- `prompt`: the agent's instructions (`vrag_rollout.prompts.AGENT_INSTRUCTIONS`) and the question,
-  as the rollout's demo prompts are written (EasyR1 builds a single user turn from it);
+- `prompt`: the agent's instructions for the action format (`vrag_rollout.prompts.AGENT_INSTRUCTIONS`
+  for tags, `TOOL_CALL_INSTRUCTIONS` for tool_call) and the question, as the rollout's demo
+  prompts are written (EasyR1 builds a single user turn from it; in a tool_call run the
+  integration adds the tool schemas to the system turn);
 - `answer`: a JSON object `{"answer", "doc_id", "gold_pages"}`, EasyR1's `ground_truth`, read by
   `vrag_rollout.reward`;
 - `doc_id`: the document the rollout searches;
@@ -34,7 +36,9 @@ from typing import Any, Iterator, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from .prompts import AGENT_INSTRUCTIONS
+from .prompts import AGENT_INSTRUCTIONS, TOOL_CALL_INSTRUCTIONS
+
+INSTRUCTIONS = {"tags": AGENT_INSTRUCTIONS, "tool_call": TOOL_CALL_INSTRUCTIONS}
 
 COLUMNS = ("prompt", "answer", "doc_id", "gold_pages", "question_id")
 
@@ -116,10 +120,13 @@ def make_prompt(query: str, instructions: str = AGENT_INSTRUCTIONS) -> str:
 
 
 def convert_rows(path: Path, *, page_base: int = 1, documents: Optional[dict] = None,
-                 drop_missing: bool = False, report: Optional[ConversionReport] = None) -> dict:
+                 drop_missing: bool = False, report: Optional[ConversionReport] = None,
+                 action_format: str = "tags") -> dict:
     """Column lists for the parquet; `documents` ({doc_id: num_pages}) enables the index report."""
     if page_base not in (0, 1):
         raise ValueError(f"page_base must be 0 or 1, got {page_base}")
+    if action_format not in INSTRUCTIONS:
+        raise ValueError(f"action_format must be one of {sorted(INSTRUCTIONS)}, got {action_format!r}")
     report = report if report is not None else ConversionReport()
     columns: dict = {name: [] for name in COLUMNS}
     seen: dict = {}
@@ -142,7 +149,7 @@ def convert_rows(path: Path, *, page_base: int = 1, documents: Optional[dict] = 
                 report.pages_out_of_range.append({"question_id": qid, "doc_id": doc_id, "pages": pages,
                                                   "num_pages": documents[doc_id]})
         truth = {"answer": question.reference_answer, "doc_id": doc_id, "gold_pages": pages}
-        columns["prompt"].append(make_prompt(question.query))
+        columns["prompt"].append(make_prompt(question.query, INSTRUCTIONS[action_format]))
         columns["answer"].append(json.dumps(truth, ensure_ascii=False))
         columns["doc_id"].append(doc_id)
         columns["gold_pages"].append(json.dumps(pages))
@@ -159,7 +166,7 @@ def index_documents(index_dir: Path) -> dict:
 
 
 def convert_dataset(source: Path, out: Path, *, index_dir: Optional[Path] = None, page_base: int = 1,
-                    drop_missing: bool = False) -> ConversionReport:
+                    drop_missing: bool = False, action_format: str = "tags") -> ConversionReport:
     """Write `out` (parquet) from `source`; returns the report (see the module docstring)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -169,7 +176,7 @@ def convert_dataset(source: Path, out: Path, *, index_dir: Optional[Path] = None
     report = ConversionReport(index=str(index_dir) if index_dir is not None else None)
     documents = index_documents(index_dir) if index_dir is not None else None
     columns = convert_rows(Path(source), page_base=page_base, documents=documents,
-                           drop_missing=drop_missing, report=report)
+                           drop_missing=drop_missing, report=report, action_format=action_format)
     table = pa.table({name: pa.array(values, type=pa.string()) for name, values in columns.items()})
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, out)
@@ -178,12 +185,13 @@ def convert_dataset(source: Path, out: Path, *, index_dir: Optional[Path] = None
 
 def convert_dataset_command(source: Path, out: Path, *, index_dir: Optional[Path] = None,
                             report_path: Optional[Path] = None, page_base: int = 1,
-                            drop_missing: bool = False) -> int:
+                            drop_missing: bool = False, action_format: str = "tags") -> int:
     """The CLI: convert, print a summary (and the report as JSON with `report_path`); 2 on bad input."""
     import sys
 
     try:
-        report = convert_dataset(source, out, index_dir=index_dir, page_base=page_base, drop_missing=drop_missing)
+        report = convert_dataset(source, out, index_dir=index_dir, page_base=page_base, drop_missing=drop_missing,
+                                 action_format=action_format)
     except (DatasetError, FileNotFoundError, ValueError) as error:
         print(f"convert-dataset: {source}: {error}", file=sys.stderr)
         return 2

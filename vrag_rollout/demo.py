@@ -79,7 +79,9 @@ def demo_prompts(tokenizer: Any, processor: Any, samples: list[PromptSample], co
 
     for sample in samples:
         sample.instructions = TOOL_CALL_INSTRUCTIONS
-    return build_prompt_batch(tokenizer, processor, samples, config.prompt_length, tools=TOOLS, **kwargs)
+    template = Path(config.chat_template).read_text(encoding="utf-8") if config.chat_template else None
+    return build_prompt_batch(tokenizer, processor, samples, config.prompt_length, tools=TOOLS,
+                              chat_template=template, **kwargs)
 
 
 def demo_questions() -> list[PromptSample]:

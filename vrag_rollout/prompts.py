@@ -40,14 +40,16 @@ TOOL_CALL_INSTRUCTIONS = (
 )
 
 
-def render_prompt(tokenizer: Any, sample: PromptSample, tools: Optional[Sequence[dict]] = None) -> str:
-    """The chat template's prompt; with `tools` (the native tool-call format) their schemas go
-    into the system turn as the template writes them."""
+def render_prompt(tokenizer: Any, sample: PromptSample, tools: Optional[Sequence[dict]] = None,
+                  chat_template: Optional[str] = None) -> str:
+    """The chat template's prompt (the tokenizer's own, or `chat_template`); with `tools` (the
+    native tool-call format) their schemas go into the system turn as the template writes them."""
     content = [{"type": "image"} for _ in sample.images]
     content.append({"type": "text", "text": f"{sample.instructions}\nQuestion: {sample.question}"})
     messages = [{"role": "user", "content": content}]
     extra = {"tools": list(tools)} if tools else {}
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                         chat_template=chat_template, **extra)
 
 
 def build_prompt_batch(
@@ -61,6 +63,7 @@ def build_prompt_batch(
     proto_cls: type = DataProto,
     meta_info: Optional[dict] = None,
     tools: Optional[Sequence[dict]] = None,
+    chat_template: Optional[str] = None,
 ) -> Any:
     vocab = tokenizer.get_vocab()
     image_pad = vocab["<|image_pad|>"]
@@ -70,7 +73,7 @@ def build_prompt_batch(
 
     rows_ids, rows_mask, rows_pos, raw_ids, mm_data = [], [], [], [], []
     for sample in samples:
-        raw = tokenizer.encode(render_prompt(tokenizer, sample, tools), add_special_tokens=False)
+        raw = tokenizer.encode(render_prompt(tokenizer, sample, tools, chat_template), add_special_tokens=False)
         grids: list[tuple[int, int, int]] = []
         if sample.images:
             grid_tensor = image_processor(images=sample.images, return_tensors="pt")["image_grid_thw"]

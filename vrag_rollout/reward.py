@@ -2,8 +2,8 @@
 
 Contract (what `examples/reward_function/vrag.py` hands EasyR1's `AutoRewardManager`):
 
-* Input: the decoded *whole* response (sampled text and `<result>…</result>` observations) and
-  the ground truth. The ground truth is the dataset's answer column, either a plain answer string
+* Input: the decoded *whole* response (sampled text and observations: `<result>…</result>` in the
+  tags format, `<tool_response>…</tool_response>` in the tool_call format) and the ground truth. The ground truth is the dataset's answer column, either a plain answer string
   or a JSON object (what `vrag-rollout convert-dataset` writes)::
 
       {"answer": "...", "doc_id": "report", "gold_pages": [3, 5]}
@@ -20,14 +20,16 @@ Contract (what `examples/reward_function/vrag.py` hands EasyR1's `AutoRewardMana
     articles `a an the`, single spaces);
   - `format`: 1 when the policy's text (observations removed) has exactly one
     `<answer>…</answer>`, after every action, with every `<search>` non-empty, every `<fetch>`
-    of the form `image|text, N` (N >= 1) and no unclosed or stray tag; else 0;
+    of the form `image|text, N` (N >= 1), every `<tool_call>` one the rollout can execute
+    (`tool_turns.parse_tool_calls`), and no unclosed or stray tag; else 0;
   - `retrieval`: NDCG of the distinct pages the episode was shown, in the order first shown,
     against the gold pages (binary relevance, DCG = sum rel_i / log2(i + 1), ideal DCG over all
     gold pages, so missing a gold page costs); 0 without gold pages or without pages shown;
   - `overall` = sum of weight x part over `accuracy`, `f1`, `format`, `retrieval`.
 
 The last `<answer>` is searched in the policy's own text: observation blocks are removed first,
-so an answer tag inside a fetched page's text is never taken for the policy's answer.
+so an answer tag inside a fetched page's text is never taken for the policy's answer. Both action
+formats are scored alike: the tool_call format's final turn gives its answer in `<answer>` too.
 """
 
 from __future__ import annotations
@@ -40,9 +42,12 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-RESULT_BLOCK = re.compile(r"<result>.*?(</result>|$)", re.DOTALL)
+from .actions import Invalid
+from .tool_turns import parse_tool_calls
+
+OBSERVATION_BLOCK = re.compile(r"<(result|tool_response)>.*?(</\1>|$)", re.DOTALL)
 ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-TAG = re.compile(r"</?(think|search|fetch|answer|result)>")
+TAG = re.compile(r"</?(think|search|fetch|answer|result|tool_call|tool_response)>")
 FETCH_SPEC = re.compile(r"^\s*(image|text)\s*,\s*([0-9]+)\s*$")
 ARTICLES = re.compile(r"\b(a|an|the)\b")
 PUNCTUATION = set(string.punctuation)
@@ -117,7 +122,7 @@ def token_f1(prediction: str, truth: str) -> float:
 
 def policy_text(response: str) -> str:
     """The response without its observation blocks (an unterminated one runs to the end)."""
-    return RESULT_BLOCK.sub(" ", response)
+    return OBSERVATION_BLOCK.sub(" ", response)
 
 
 def last_answer(response: str) -> Optional[str]:
@@ -134,8 +139,8 @@ def format_score(response: str) -> float:
     blocks: list = []  # (tag, content) in order
     for match in TAG.finditer(text):
         closing, tag = match.group(0).startswith("</"), match.group(1)
-        if tag == "result":
-            return 0.0  # a stray result tag written by the policy
+        if tag in ("result", "tool_response"):
+            return 0.0  # a stray observation tag written by the policy
         if not closing:
             if stack:
                 return 0.0  # tags do not nest
@@ -150,7 +155,7 @@ def format_score(response: str) -> float:
     answers = [i for i, (tag, _) in enumerate(blocks) if tag == "answer"]
     if len(answers) != 1:
         return 0.0
-    if any(tag in ("search", "fetch") for tag, _ in blocks[answers[0] + 1:]):
+    if any(tag in ("search", "fetch", "tool_call") for tag, _ in blocks[answers[0] + 1:]):
         return 0.0
     for tag, content in blocks:
         if tag == "search" and not content.strip():
@@ -159,7 +164,14 @@ def format_score(response: str) -> float:
             spec = FETCH_SPEC.match(content)
             if spec is None or int(spec.group(2)) < 1:
                 return 0.0
+        if tag == "tool_call" and not _executable(content):
+            return 0.0
     return 1.0
+
+
+def _executable(call_body: str) -> bool:
+    calls = parse_tool_calls(f"<tool_call>{call_body}</tool_call>")
+    return len(calls) == 1 and not isinstance(calls[0], Invalid)
 
 
 # ---- retrieval ----

@@ -281,6 +281,25 @@ class vLLMRolloutAgent(vLLMRollout):
             transport=transport,
         )
 
+    def _episodes(self, prompts: Any, n: int) -> list[Episode]:
+        episodes = super()._episodes(prompts, n)
+        if self.tool_turns is not None:
+            self._check_prompts_carry_tools(episodes[::n])
+        return episodes
+
+    def _check_prompts_carry_tools(self, firsts: list[Episode]) -> None:
+        """Tool calls from a prompt that never showed the tools would train the policy on a
+        conversation no deployment has: refuse it."""
+        for row, episode in enumerate(firsts):
+            text = self.tokenizer.decode(episode.prompt_engine_ids, skip_special_tokens=False)
+            missing = self.tool_turns.missing_tools(text)
+            if missing:
+                raise ValueError(
+                    f"action_format='tool_call', but prompt {row} does not "
+                    f"carry the schemas of {missing} in its system turn: render prompts with tools= "
+                    "(vrag_rollout.tool_turns.TOOLS); EasyR1 runs started with `python -m "
+                    "vrag_rollout.integrations.easyr1` do this for its dataset (docs/easyr1.md)")
+
     def _doc_ids(self, prompts: Any) -> list[Optional[str]]:
         key = self.config.doc_id_key
         column = prompts.non_tensor_batch.get(key)

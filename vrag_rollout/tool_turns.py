@@ -73,6 +73,36 @@ def final_answer(text: str) -> str:
     return _THINK.sub("", text).replace("<|im_end|>", "").strip()
 
 
+def template_with_tools(template: str, tools: Sequence[dict] = TOOLS) -> str:
+    """`template` with `tools` as the default of its `tools` variable: rendering it without
+    `tools=` gives what the original renders with them (tested for every family). For trainers
+    whose dataset renders prompts without `tools=` (EasyR1's), so the system turn is the
+    template's own with the schemas in it; an explicit `tools=` still wins."""
+    if template.startswith(_DEFAULT_TOOLS_MARK):
+        template = template[template.index(_DEFAULT_TOOLS_END) + len(_DEFAULT_TOOLS_END):]
+    literal = _jinja_literal(list(tools))
+    return f"{_DEFAULT_TOOLS_MARK}{{%- if not tools %}}{{%- set tools = {literal} %}}{{%- endif %}}{_DEFAULT_TOOLS_END}{template}"
+
+
+_DEFAULT_TOOLS_MARK = "{#- vrag-rollout: default tools -#}"
+_DEFAULT_TOOLS_END = "{#- end of default tools -#}"
+
+
+def _jinja_literal(value: Any) -> str:
+    """A Jinja expression for a JSON value (Jinja spells true, false and none in lower case)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "none"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {_jinja_literal(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_jinja_literal(v) for v in value) + "]"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))
+
+
 class TemplateError(ValueError):
     """A chat template that cannot render a tool turn the way an append-only rollout needs."""
 
@@ -156,6 +186,11 @@ class ToolTurnTemplate:
         if any(json.dumps(tool["function"]["name"]) not in system for tool in self.tools):
             raise TemplateError("the chat template ignores tools= (no tool schemas in the system turn): "
                                 "use the tags action format or give a template with tool rules")
+        # How a prompt shows it carries the schemas: each tool's JSON as the template wrote it,
+        # else (a template that reformats them) its quoted name.
+        schemas = [json.dumps(tool, ensure_ascii=False) for tool in self.tools]
+        self._schema_marks = schemas if all(mark in system for mark in schemas) else [
+            json.dumps(tool["function"]["name"]) for tool in self.tools]
         # The conversation before the tool turn is the same for every turn: render it once.
         before = self._render(self._base, generation_prompt=False)
         self._cut = before.rfind("<|im_end|>") + len("<|im_end|>")
@@ -163,6 +198,12 @@ class ToolTurnTemplate:
             raise TemplateError("the chat template does not end an assistant turn with <|im_end|>")
         self._before = before[: self._cut]
         self.observation_text([ToolResult("probe", images=1)])
+
+    def missing_tools(self, prompt_text: str) -> list[str]:
+        """Names of the tools whose schema the rendered prompt lacks (a prompt rendered without
+        `tools=`: the policy would be asked to call tools it was never shown)."""
+        return [tool["function"]["name"] for tool, mark in zip(self.tools, self._schema_marks)
+                if mark not in prompt_text]
 
     def _render(self, messages: list, generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(

@@ -71,3 +71,18 @@ def test_an_unreadable_chat_template_file_is_refused_by_name(tiny_model_dir, tin
     with pytest.raises(ValueError, match="no-such-template.jinja.*cannot be read"):
         agent(tiny_model_dir, tiny_processor, action_format="tool_call", chat_template=str(missing),
               page_min_pixels=16 * 784, page_max_pixels=64 * 784)
+
+
+def test_tool_call_prompts_without_the_tool_schemas_are_refused(tiny_model_dir, tiny_processor):
+    """A tool_call rollout of prompts rendered without tools= would train calls to tools the
+    prompt never showed: refused before generation, naming the fix."""
+    from vrag_rollout.demo import demo_prompts
+
+    rollout = agent(tiny_model_dir, tiny_processor, action_format="tool_call", prompt_length=1024,
+                    page_min_pixels=16 * 784, page_max_pixels=64 * 784)
+    plain = prompt_batch(tiny_processor, sample_prompts(2, with_images=False), rollout)
+    with pytest.raises(ValueError, match=r"prompt 0 does not carry the schemas of \['search', 'fetch'\]"):
+        rollout.generate_sequences(plain)
+    with_tools = demo_prompts(tiny_processor.tokenizer, tiny_processor, sample_prompts(2, with_images=False),
+                              rollout.config)
+    assert rollout._episodes(with_tools, 2)  # the same rollout accepts prompts that carry them

@@ -115,3 +115,14 @@ def test_cli(tmp_path, capsys):
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"uid": 1}])
     assert cli_main(["convert-dataset", str(bad), "--out", str(out)]) == 2
     assert "line 1: field 'query'" in capsys.readouterr().err
+
+
+def test_tool_call_prompts_carry_the_tool_call_instructions(tmp_path):
+    from vrag_rollout.prompts import TOOL_CALL_INSTRUCTIONS
+
+    src = write_jsonl(tmp_path / "qa.jsonl", [question("q1", query="How much?")])
+    out = tmp_path / "tools.parquet"
+    assert cli_main(["convert-dataset", str(src), "--out", str(out), "--action-format", "tool_call"]) == 0
+    assert pq.read_table(out).to_pydict()["prompt"] == [TOOL_CALL_INSTRUCTIONS + "\nQuestion: How much?"]
+    with pytest.raises(ValueError, match="action_format must be one of"):
+        dataset.convert_dataset(src, out, action_format="json")

@@ -271,6 +271,16 @@ FAKE_EASYR1 = {
 
         def process_video(video, min_pixels, max_pixels, video_fps):
             return video
+
+        class RLHFDataset:  # b44b311: keyword construction, prompts rendered without tools=
+            def __init__(self, data_path, tokenizer, processor, prompt_key="prompt", max_prompt_length=1024,
+                         filter_overlong_prompts=True):
+                self.tokenizer, self.processor, self.prompt_key = tokenizer, processor, prompt_key
+
+            def render(self, example):
+                content = [{"type": "image"}, {"type": "text", "text": example[self.prompt_key]}]
+                messages = [{"role": "user", "content": content}]
+                return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     ''',
     "workers/__init__.py": "",
     "workers/rollout/__init__.py": '''
@@ -445,6 +455,7 @@ def easyr1(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.setenv(glue.AGENT_CLASS_ENV, "fake_agent:Agent")
     monkeypatch.delenv(glue.GENERATION_KEYS_ENV, raising=False)
+    monkeypatch.delenv(glue.PROMPT_TOOLS_ENV, raising=False)
     yield root / "verl"
     for name in [n for n in sys.modules if n == "verl" or n.startswith("verl.")]:
         del sys.modules[name]  # the stand-in; monkeypatch then puts back what was there before
@@ -546,10 +557,71 @@ def test_agent_without_engine_is_rejected(easyr1, monkeypatch):
         worker._build_rollout()
 
 
+@pytest.mark.parametrize("family", ["qwen2-vl", "qwen2.5-vl", "qwen3-vl"])
+def test_tool_call_runs_render_dataset_prompts_with_the_tools(family, easyr1, monkeypatch):
+    """EasyR1's dataset renders prompts without tools=: in a tool_call job (the env the runtime_env
+    sets) the patched dataset's prompts are the template's own rendering *with* the tools, which
+    the rollout accepts; without it they stay as they were, and the rollout would refuse them."""
+    from transformers import AutoProcessor
+
+    from vrag_rollout.tiny_model import build_tiny_model, default_model_dir
+    from vrag_rollout.tool_turns import TOOLS, ToolTurnTemplate
+
+    model_dir = build_tiny_model(default_model_dir(family), family)
+    glue.install_agent_rollout()
+    from verl.utils.dataset import RLHFDataset
+
+    example = {"prompt": "Which page covers the warranty?"}
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": example["prompt"]}]}]
+    plain_processor = AutoProcessor.from_pretrained(model_dir)
+    check = ToolTurnTemplate(plain_processor.tokenizer)
+    expected = plain_processor.apply_chat_template(messages, tools=list(TOOLS), add_generation_prompt=True, tokenize=False)
+
+    monkeypatch.delenv(glue.PROMPT_TOOLS_ENV, raising=False)
+    plain = RLHFDataset(data_path="x.parquet", tokenizer=plain_processor.tokenizer, processor=plain_processor)
+    assert check.missing_tools(plain.render(example)) == ["search", "fetch"]
+
+    class Rollout:
+        doc_id_key, action_format, chat_template = "doc_id", "tool_call", None
+
+    class PPO:
+        worker = type("Worker", (), {"rollout": Rollout()})()
+
+    monkeypatch.setenv(glue.PROMPT_TOOLS_ENV, glue.make_runtime_env(PPO())["env_vars"][glue.PROMPT_TOOLS_ENV])
+    processor = AutoProcessor.from_pretrained(model_dir)
+    dataset = RLHFDataset(data_path="x.parquet", tokenizer=processor.tokenizer, processor=processor)
+    assert dataset.render(example) == expected and check.missing_tools(expected) == []
+    # Explicit tools= still wins, and patching twice leaves one default.
+    glue.give_prompts_tools(processor.tokenizer, processor)
+    assert processor.apply_chat_template(messages, tools=list(TOOLS[:1]), add_generation_prompt=True,
+                                         tokenize=False) == plain_processor.apply_chat_template(
+        messages, tools=list(TOOLS[:1]), add_generation_prompt=True, tokenize=False)
+    assert processor.chat_template.count("vrag-rollout: default tools") == 1
+
+
+def test_a_named_template_file_reaches_the_dataset(easyr1, monkeypatch, tmp_path, tiny_processor):
+    from transformers import AutoProcessor
+
+    from vrag_rollout.tool_turns import TOOLS
+
+    named = tmp_path / "template.jinja"
+    named.write_text("SYSTEM {{ tools | length }} tools{% for m in messages %}|{{ m.role }}{% endfor %}")
+    monkeypatch.setenv(glue.PROMPT_TOOLS_ENV, json.dumps({"chat_template": str(named)}))
+    glue.install_agent_rollout()
+    from verl.utils.dataset import RLHFDataset
+
+    processor = AutoProcessor.from_pretrained(tiny_processor.tokenizer.name_or_path)
+    dataset = RLHFDataset(data_path="x.parquet", tokenizer=processor.tokenizer, processor=processor)
+    assert dataset.render({"prompt": "q"}) == f"SYSTEM {len(TOOLS)} tools|user"
+    monkeypatch.setenv(glue.PROMPT_TOOLS_ENV, "not json")
+    with pytest.raises(ValueError, match="VRAG_PROMPT_TOOLS is not JSON"):
+        RLHFDataset(data_path="x.parquet", tokenizer=processor.tokenizer, processor=processor)
+
+
 def test_install_is_idempotent(easyr1):
     first = glue.install_agent_rollout()
     assert first == dict.fromkeys(
-        ["rollout", "multi_modal_cache", "generation_columns", "reward_view", "estimators"], True)
+        ["rollout", "multi_modal_cache", "generation_columns", "reward_view", "estimators", "prompt_tools"], True)
     import verl.workers.fsdp_workers as fw
 
     dispatcher = fw.vLLMRollout

@@ -135,3 +135,26 @@ def test_a_dropped_separator_would_be_caught(native):
         assert rendered != prompt_text + "".join(t for _, t in broken) + "\n"
         return
     pytest.fail("no answered episode with a tool turn to break")
+
+
+def test_the_reward_scores_native_episodes_like_tag_episodes(native):
+    """The reward reads the response as EasyR1's reward manager decodes it (special tokens
+    skipped): an answered episode whose calls all ran is well formed, and its answer is the one
+    its last turn wrote, never text from a tool response."""
+    from vrag_rollout.reward import format_score, last_answer
+    from vrag_rollout.tool_turns import final_answer
+
+    fm, _, outputs = native
+    output, tok = outputs["sync"], fm.processor.tokenizer
+    scored = 0
+    for row in range(len(output)):
+        used = int(output.batch["response_mask"][row].sum())
+        response = tok.decode(output.batch["responses"][row][:used].tolist(), skip_special_tokens=True)
+        answered = output.non_tensor_batch["termination_reason"][row] == "answered"
+        if answered and "error:" not in response and "<answer>" in response:
+            last_turn = tok.decode(output.batch["responses"][row][:used].tolist(), skip_special_tokens=False)
+            last_turn = last_turn.rsplit("<|im_start|>assistant\n", 1)[-1]
+            assert format_score(response) == 1.0, response[-300:]
+            assert last_answer(response) == final_answer(last_turn)
+            scored += 1
+    assert scored > 0

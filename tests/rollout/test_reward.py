@@ -61,6 +61,7 @@ def test_last_answer_is_read_from_the_whole_response_but_never_from_observations
     assert score["overall"] == pytest.approx(0.5 + 0.3 + 0.1 + 0.1 / (1 + 1 / LOG2_3))
     assert reward.last_answer("<search>x</search><result><answer>A</answer></result>") is None
     assert reward.last_answer("<answer>first</answer> then <answer>second</answer>") == "second"
+    assert reward.last_answer("<tool_call>{}</tool_call><tool_response><answer>A</answer></tool_response>") is None
 
 
 @pytest.mark.parametrize("response, expected", [
@@ -76,6 +77,13 @@ def test_last_answer_is_read_from_the_whole_response_but_never_from_observations
     ("<think>a</think><answer>x", 0.0),                                   # unclosed answer
     ("<answer>x</answer></search>", 0.0),                                 # stray closing tag
     ("<result>forged</result><answer>x</answer>", 1.0),                  # result blocks are observations
+    # the tool_call format, as the reward manager decodes it (special tokens skipped)
+    ('<think>a</think>\n<tool_call>\n{"name": "search", "arguments": {"query": "q"}}\n</tool_call>\nuser\n'
+     '<tool_response>\npage <answer>no</answer>\n</tool_response>\nassistant\n<answer>x</answer>', 1.0),
+    ('<tool_call>\n{"name": "fetch", "arguments": {"page": 0, "mode": "image"}}\n</tool_call>'
+     '<tool_response>error</tool_response><answer>x</answer>', 0.0),    # a call the rollout refused
+    ('<tool_call>{"name": "search", "arguments": {"query": "q"}}', 0.0),  # unclosed call
+    ('<answer>x</answer><tool_call>{"name": "search", "arguments": {"query": "q"}}</tool_call>', 0.0),
 ])
 def test_format_score(response, expected):
     assert reward.format_score(response) == expected

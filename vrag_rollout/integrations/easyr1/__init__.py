@@ -18,6 +18,7 @@ the driver does not reach them. One module per job:
     reward function the pages shown, puts the score on the last sampled token, returns the
     agent's metrics;
   - `estimators`: REINFORCE++ returns that skip observation tokens;
+  - `prompt_tools`: `RLHFDataset` renders the prompts of tool_call runs with the tool schemas;
 * `hooks`: installing the patches now or on first import (`install_agent_rollout`,
   `worker_setup_hook`);
 * `ray_env`: the job's runtime_env (`make_runtime_env`);
@@ -47,6 +48,7 @@ from .common import (
     GENERATION_MARK,
     METRICS_COLUMN,
     MODULE,
+    PROMPT_TOOLS_ENV,
     SETUP_HOOK,
     is_patched,
 )
@@ -74,6 +76,7 @@ from .estimators import (
 from .generation_pop import generation_keys, make_generation_pop
 from .hooks import PatchOnImport, install_agent_rollout, worker_setup_hook
 from .images import build_multi_modal_inputs, image_fingerprint, sample_cache_keys
+from .prompt_tools import give_prompts_tools, patch_dataset, prompt_tools_template
 from .ray_env import DEFAULT_RAY_ENV_VARS, make_runtime_env
 from .reward_manager import (
     agent_metrics,
@@ -101,6 +104,7 @@ __all__ = [
     "GENERATION_MARK",
     "METRICS_COLUMN",
     "MODULE",
+    "PROMPT_TOOLS_ENV",
     "PatchOnImport",
     "REFUSED_ESTIMATORS",
     "RolloutDispatcher",
@@ -117,6 +121,7 @@ __all__ = [
     "easyr1_rollout_config_class",
     "full_response_view",
     "generation_keys",
+    "give_prompts_tools",
     "image_fingerprint",
     "install_agent_rollout",
     "is_patched",
@@ -131,7 +136,9 @@ __all__ = [
     "make_runtime_env",
     "metrics_column",
     "missing_rollout_fields",
+    "patch_dataset",
     "place_on_last_sampled",
+    "prompt_tools_template",
     "require_easyr1",
     "reward_view",
     "sample_cache_keys",

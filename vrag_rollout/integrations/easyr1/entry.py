@@ -8,7 +8,7 @@ import os
 import warnings
 from typing import Optional, Sequence
 
-from .common import AGENT_CLASS_ENV, AGENT_ROLLOUT_NAME, GENERATION_KEYS_ENV, SETUP_HOOK
+from .common import AGENT_CLASS_ENV, AGENT_ROLLOUT_NAME, GENERATION_KEYS_ENV, PROMPT_TOOLS_ENV, SETUP_HOOK
 from .config_schema import load_ppo_config
 from .detect import require_easyr1
 from .ray_env import make_runtime_env
@@ -23,7 +23,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if getattr(ppo_config.worker.rollout, "name", None) != AGENT_ROLLOUT_NAME:
         warnings.warn(f"worker.rollout.name is not {AGENT_ROLLOUT_NAME!r}: EasyR1's own rollout will run")
     runtime_env = make_runtime_env(ppo_config)
-    os.environ.update({k: v for k, v in runtime_env["env_vars"].items() if k in (AGENT_CLASS_ENV, GENERATION_KEYS_ENV)})
+    os.environ.update({k: v for k, v in runtime_env["env_vars"].items() if k in (AGENT_CLASS_ENV, GENERATION_KEYS_ENV, PROMPT_TOOLS_ENV)})
     if ray.is_initialized():
         warnings.warn("Ray was initialised before main(): make sure its runtime_env has "
                       f"worker_process_setup_hook={SETUP_HOOK!r}, or workers run EasyR1's rollout")

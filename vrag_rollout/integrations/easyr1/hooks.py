@@ -2,8 +2,9 @@
 
 `install_agent_rollout()` patches (all idempotent, each keyed to an EasyR1 name):
 `verl.workers.fsdp_workers` (rollout dispatcher, per-sample image cache), `verl.protocol`
-(generation pop), `verl.workers.reward.function` (reward view, placement, metrics) and
-`verl.trainer.core_algos` (REINFORCE++ returns that skip observations). With `lazy=True` a
+(generation pop), `verl.workers.reward.function` (reward view, placement, metrics),
+`verl.trainer.core_algos` (REINFORCE++ returns that skip observations) and `verl.utils.dataset`
+(tool schemas in the prompts of tool_call runs). With `lazy=True` a
 module not imported yet is patched right after its first import (a meta-path finder wraps its
 loader), so processes that never import it (reward actors, idle Ray workers) do not pay for
 importing vLLM. `worker_setup_hook` is what Ray runs in every worker process.
@@ -20,6 +21,7 @@ from .common import lock
 from .detect import require_easyr1
 from .estimators import patch_core_algos
 from .generation_pop import patch_protocol
+from .prompt_tools import patch_dataset
 from .reward_manager import patch_reward
 from .rollout_adapter import patch_fsdp_workers
 
@@ -68,7 +70,7 @@ class PatchingLoader(importlib.abc.Loader):
 
 def install_agent_rollout(*, rollout: bool = True, multi_modal_cache: bool = True,
                           generation_columns: bool = True, reward_view: bool = True,
-                          estimators: bool = True, lazy: bool = False) -> dict:
+                          estimators: bool = True, prompt_tools: bool = True, lazy: bool = False) -> dict:
     """Patch EasyR1 in this process (idempotent). Returns {patch name: newly installed?}.
 
     Must run in every Ray worker process: use `make_runtime_env()` with `ray.init` (the hook),
@@ -86,6 +88,8 @@ def install_agent_rollout(*, rollout: bool = True, multi_modal_cache: bool = Tru
         targets["verl.workers.reward.function"] = patch_reward
     if estimators:
         targets["verl.trainer.core_algos"] = patch_core_algos
+    if prompt_tools:
+        targets["verl.utils.dataset"] = patch_dataset
     done: dict = {}
     deferred = {}
     with lock:

@@ -1,12 +1,14 @@
 """The Ray job environment of an agent run: EasyR1's usual variables, the generation columns and
-agent class for the workers, and the `worker_process_setup_hook` that patches every worker."""
+agent class for the workers, the prompt tools of a tool_call run, and the
+`worker_process_setup_hook` that patches every worker."""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Optional
 
-from .common import AGENT_CLASS_ENV, GENERATION_KEYS_ENV, SETUP_HOOK
+from .common import AGENT_CLASS_ENV, GENERATION_KEYS_ENV, PROMPT_TOOLS_ENV, SETUP_HOOK
 
 # Environment EasyR1's own `main()` gives its Ray job (same intent, our own list).
 DEFAULT_RAY_ENV_VARS = {
@@ -27,7 +29,10 @@ def make_runtime_env(ppo_config: Any = None, env_vars: Optional[dict] = None) ->
         doc_key = getattr(ppo_config.worker.rollout, "doc_id_key", None)
         if doc_key:
             merged[GENERATION_KEYS_ENV] = doc_key
-    for name in (AGENT_CLASS_ENV, GENERATION_KEYS_ENV):
+        if getattr(ppo_config.worker.rollout, "action_format", "tags") == "tool_call":
+            template = getattr(ppo_config.worker.rollout, "chat_template", None)
+            merged[PROMPT_TOOLS_ENV] = json.dumps({"chat_template": template})
+    for name in (AGENT_CLASS_ENV, GENERATION_KEYS_ENV, PROMPT_TOOLS_ENV):
         if name in os.environ and name not in merged:
             merged[name] = os.environ[name]
     merged.update(env_vars or {})
