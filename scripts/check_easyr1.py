@@ -178,7 +178,7 @@ def worker_shims() -> None:
 # ------------------------------------------------------------------------------------------
 # stages
 # ------------------------------------------------------------------------------------------
-def make_dataset(work: Path, index_dir: Path) -> Path:
+def make_dataset(work: Path, index_dir: Path, action_format: str) -> Path:
     from retriever_server.sample_corpus import SAMPLE_FACTS
     from vrag_rollout.dataset import convert_dataset
 
@@ -189,7 +189,7 @@ def make_dataset(work: Path, index_dir: Path) -> Path:
     source = work / "qa.jsonl"
     source.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out = work / "train.parquet"
-    report = convert_dataset(source, out, index_dir=index_dir)
+    report = convert_dataset(source, out, index_dir=index_dir, action_format=action_format)
     if report.missing_documents:
         raise RuntimeError(f"sample questions name documents the index lacks: {report.missing_documents}")
     return out
@@ -224,6 +224,9 @@ def main() -> int:
     parser.add_argument("--easyr1", required=True, type=Path, help="an EasyR1 checkout (the folder holding verl/)")
     parser.add_argument("--deps", type=Path, default=None, help="folder with EasyR1's pure-python extras")
     parser.add_argument("--family", default="qwen2-vl")
+    parser.add_argument("--action-format", choices=["tags", "tool_call"], default="tags",
+                        help="tool_call: the dataset's prompts get the tool schemas through the integration's "
+                             "runtime_env and dataset patch, and the rollout runs native tool calls")
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--n", type=int, default=2)
     parser.add_argument("--response-length", type=int, default=512)
@@ -262,12 +265,13 @@ def main() -> int:
     with serve_in_thread(index_dir) as url:
         # ---- 1. data ----
         started = time.perf_counter()
-        parquet = make_dataset(work, index_dir)
-        factor = 28
+        parquet = make_dataset(work, index_dir, args.action_format)
+        factor = 32 if args.family == "qwen3-vl" else 28
+        native = args.action_format == "tool_call"
         config = glue.load_ppo_config([
             f"config={REPO / 'examples' / 'easyr1_vrag.yaml'}",
             f"data.train_files={parquet}", f"data.val_files={parquet}",
-            "data.max_prompt_length=384", f"data.max_response_length={args.response_length}",
+            f"data.max_prompt_length={1024 if native else 384}", f"data.max_response_length={args.response_length}",
             f"data.rollout_batch_size={args.batch_size}", f"data.min_pixels={16 * factor ** 2}",
             f"data.max_pixels={1280 * factor ** 2}",
             f"worker.actor.model.model_path={model_dir}", "worker.actor.padding_free=false",
@@ -280,14 +284,21 @@ def main() -> int:
             f"worker.rollout.retriever_url={url}", "worker.rollout.top_n=1", "worker.rollout.max_turns=3",
             f"worker.rollout.page_min_pixels={16 * factor ** 2}", f"worker.rollout.page_max_pixels={64 * factor ** 2}",
             "worker.rollout.calculate_log_probs=true", "worker.rollout.max_num_batched_tokens=4096",
+            f"worker.rollout.action_format={args.action_format}",
             "worker.rollout.gpu_memory_utilization=0.3", f"worker.rollout.temperature={args.temperature}",
             f"worker.reward.reward_function={REPO / 'examples' / 'reward_function' / 'vrag.py'}:compute_score",
             "trainer.n_gpus_per_node=1",
         ])
         from retriever_server.sample_corpus import SAMPLE_FACTS
-        from vrag_rollout.demo import DEMO_MAX_PAGE, action_regex
+        from vrag_rollout.demo import DEMO_MAX_PAGE, action_regex, tool_call_regex
 
-        config.worker.rollout.action_regex = action_regex(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE)
+        regex = tool_call_regex if native else action_regex
+        config.worker.rollout.action_regex = regex(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE)
+        # What the Ray workers of a real job get from make_runtime_env: for tool_call, the
+        # variable that makes the patched RLHFDataset render prompts with the tool schemas.
+        job_env = glue.make_runtime_env(config)["env_vars"]
+        if native:
+            os.environ[glue.PROMPT_TOOLS_ENV] = job_env[glue.PROMPT_TOOLS_ENV]
         from transformers import AutoProcessor, AutoTokenizer
         from verl.protocol import DataProto
         from verl.utils.dataset import RLHFDataset, collate_fn
@@ -301,6 +312,15 @@ def main() -> int:
                               format_prompt=data.format_prompt, min_pixels=data.min_pixels, max_pixels=data.max_pixels,
                               filter_overlong_prompts=False)
         batch_dict = collate_fn([dataset[i] for i in range(args.batch_size)])
+        if native:
+            from vrag_rollout.tool_turns import TOOLS, ToolTurnTemplate
+
+            shown = tokenizer.decode(list(batch_dict["raw_prompt_ids"][0]), skip_special_tokens=False)
+            missing = ToolTurnTemplate(AutoTokenizer.from_pretrained(model_dir), TOOLS).missing_tools(shown)
+            if missing:
+                raise AssertionError(f"EasyR1's dataset prompt lacks the schemas of {missing}")
+            print(f"  dataset prompts carry the tool schemas ({len(batch_dict['raw_prompt_ids'][0])} prompt tokens)",
+                  flush=True)
         meta = {"min_pixels": data.min_pixels, "max_pixels": data.max_pixels, "video_fps": data.video_fps}
         batch = DataProto.from_single_dict(batch_dict, meta_info=meta)
         batch.non_tensor_batch["uid"] = np.array([f"u{i}" for i in range(len(batch))], dtype=object)
@@ -360,10 +380,12 @@ def main() -> int:
         # on the tiny model's 813-token vocabulary (~1e-6 or less on a real one). p(banned) is
         # read from the actor itself: its log p of each banned token at every position.
         banned_mass = torch.zeros_like(batch.batch["old_log_probs"])
-        for token in BANNED_TOKENS:
-            token_id = tokenizer.convert_tokens_to_ids(token)
-            if token_id is None or token_id == tokenizer.unk_token_id:
-                continue
+        banned_ids = sorted(output.meta_info.get("logit_bias") or {})  # what the rollout says it banned
+        known = {tokenizer.convert_tokens_to_ids(token) for token in BANNED_TOKENS}
+        print(f"  banned by the rollout: {tokenizer.convert_ids_to_tokens(banned_ids)}", flush=True)
+        if not banned_ids or not (known - {None, tokenizer.unk_token_id}) <= set(banned_ids):
+            raise AssertionError(f"the rollout's ban {banned_ids} misses vision tokens {sorted(known)}")
+        for token_id in banned_ids:
             probe = DataProto(batch=batch.batch.clone(), non_tensor_batch=dict(batch.non_tensor_batch),
                               meta_info=dict(batch.meta_info))
             probe.batch["responses"] = torch.full_like(probe.batch["responses"], token_id)
