@@ -162,6 +162,12 @@ class ContinuousEngine:
         return bool(self._owners)
 
     def submit(self, request_id: str, prompt: dict, params: Any, owner: Any) -> None:
+        from vllm.sampling_params import RequestOutputKind
+
+        # Only finished requests are read. The default (cumulative) kind makes every step build
+        # an output, with all tokens and logprobs so far, for every running request: quadratic
+        # work in the turn's length that `LLM.generate` (the synchronized schedule) never does.
+        params.output_kind = RequestOutputKind.FINAL_ONLY
         self._engine.add_request(request_id, prompt, params)
         self._owners[request_id] = owner
 

@@ -41,3 +41,25 @@ def test_an_error_aborts_every_engine_request_and_leaks_nothing(tiny_model_dir, 
     # The next call on the same engine runs normally.
     _, output = rollout(tiny_model_dir, tiny_processor, tiny_llm, DelayedReplay(0.02, 0.08), "continuous")
     assert output.meta_info["metrics"]["rollout/searches"] > 0
+
+
+def test_the_continuous_engine_only_builds_outputs_of_finished_requests(tiny_model_dir, tiny_llm):
+    """vLLM's default output kind makes every step build each running request's output so far
+    (tokens and logprobs): quadratic work the synchronized schedule's `LLM.generate` never does.
+    A request mid-turn yields nothing; the finished one comes back whole."""
+    from vllm import SamplingParams
+
+    from vrag_rollout.engine import ContinuousEngine
+
+    engine = ContinuousEngine(tiny_llm)
+    params = SamplingParams(max_tokens=6, min_tokens=6, seed=1, logprobs=0, temperature=1.0)
+    engine.submit("probe", {"prompt_token_ids": [1, 2, 3]}, params, "owner")
+    outputs_mid_turn, finished = 0, []
+    for _ in range(100):  # a few steps: the prefill, then one token a step
+        if finished:
+            break
+        raw = engine._engine.step()
+        outputs_mid_turn += sum(not out.finished for out in raw)
+        finished += [out for out in raw if out.finished]
+    assert outputs_mid_turn == 0 and len(finished) == 1
+    assert len(finished[0].outputs[0].token_ids) == 6 and len(finished[0].outputs[0].logprobs) == 6
