@@ -81,7 +81,7 @@ class AgentRolloutConfig:
     position_ids_layout: str = "auto"
     # "sync": one generate call per turn for all samples; "continuous": each sample advances on
     # its own through vLLM's continuous batching, with tool calls overlapping generation.
-    rollout_mode: str = "sync"
+    rollout_mode: str = "continuous"
     # "tags": <search>/<fetch>/<answer> inside one assistant turn, results in <result></result>;
     # "tool_call": the model's own chat-template tool calls, results as tool turns (README).
     action_format: str = "tags"
