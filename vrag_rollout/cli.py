@@ -22,7 +22,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     demo.add_argument("--max-turns", type=int, default=4)
     demo.add_argument("--response-length", type=int, default=768)
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--rollout-mode", choices=["sync", "continuous"], default="sync")
+    demo.add_argument("--rollout-mode", choices=["sync", "continuous"], default="continuous")
     demo.add_argument("--retriever-url", default=None, help="use a running retriever instead of the embedded one")
     demo.add_argument("--fixtures", default=None, help="replay recorded retriever traffic from this file")
     demo.add_argument("--family", choices=FAMILY_NAMES, default=None,
