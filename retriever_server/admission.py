@@ -1,18 +1,21 @@
-"""Admission control: bounded work in flight, a bounded queue, explicit refusals.
+"""Admission control: bounded work in flight, a short queue, explicit refusals.
 
 Contract (per server process):
 
 - at most ``max_in_flight`` gated requests run at once; further ones wait in a FIFO queue; of
   those running, at most ``threads`` compute at once (``ComputeThreads``), the others wait for
   a thread on the event loop;
-- a request is queued only while the queue holds fewer than ``max_queue`` requests AND its
-  predicted wait (queue position x mean service time / max_in_flight) is within ``max_wait_s``;
-  otherwise it is refused at once;
-- a queued request that has not started when its deadline (arrival + ``max_wait_s``) passes is
-  refused, never served late;
+- a request's queue budget is ``min(max_wait_s, queue_services x service_s)``, ``service_s``
+  being the measured mean time a request holds a slot (``queue_services=None``: ``max_wait_s``
+  alone). It is queued only while the queue holds fewer than ``max_queue`` requests AND its
+  predicted wait (queue position x service_s / max_in_flight) is within the budget; otherwise
+  it is refused at once;
+- a queued request that has not started within four times its budget (never more than
+  ``max_wait_s``) is refused, never served late;
 - a refusal is ``503`` with ``Retry-After`` (whole seconds, rounded down: the predicted time for
-  the current backlog to drain, so often ``0``: "retry soon, with backoff") and a JSON
-  ``detail``.
+  the current backlog to drain, so often ``0``: "retry soon, with backoff"), the same
+  prediction in milliseconds in ``Retry-After-Ms`` (rounded up; as some public APIs send it),
+  and a JSON ``detail``.
 
 Routes that are not gated (``/health``, ``/ready``, ``/metrics``) never wait here. All
 bookkeeping runs on the event-loop thread, so it needs no locks.
@@ -33,37 +36,43 @@ from typing import TypeVar
 import anyio
 import anyio.to_thread
 
+from . import contract
+
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class AdmissionLimits:
-    # Requests holding a slot at once. A slot is held from admission to the last byte sent, and
-    # under a flood most of that is waiting for event-loop turns (body, hand-off to a thread,
-    # send), not computing; too few slots then starve the work (measured: 2 slots served 4x
-    # fewer requests than 8 under an 8x flood on 2 cores).
-    max_in_flight: int = 8
-    # Threads computing answers at once (at most max_in_flight matter). Each competes with the
-    # event loop for the GIL: fewer leave the loop more turns (refusals, /health), but in an 8x
-    # flood on 2 shared cores 8 threads answered more requests than 2, so none are held back.
-    threads: int = 8
+    # Requests holding a slot at once. One process computes on one core at a time (the GIL),
+    # so more slots only share it: each answer takes longer, none more are served (measured on
+    # 2 cores: with 2 slots a closed loop ran as fast as with 8, and an 8x flood got no fewer
+    # answers, each in a fraction of the time).
+    max_in_flight: int = 2
+    # Threads computing answers at once (at most max_in_flight matter); each competes with the
+    # event loop (refusals, /health) for the GIL.
+    threads: int = 2
     max_queue: int = 128
-    # Longest a request may wait for a slot: a training step's burst of about a second of work is
-    # queued and served; beyond that clients are refused (the rollout client waits Retry-After,
-    # at least 1 s, and retries, or goes to another replica). Lower it to bound the latency of
-    # answered requests: their p99 is about max_wait_s plus one request's work.
+    # The longest any request may wait for a slot, whatever the service time.
     max_wait_s: float = 1.0
+    # Queue budget in mean service times: a request waits about one service for a slot (with 2
+    # slots: 2 queued), so an answered request takes two services, not a queue's worth of them;
+    # past that, refusing at once lets the client go elsewhere or come back when told. None:
+    # queue up to max_wait_s (plain clients that do not retry refusals).
+    queue_services: float | None = 1.0
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1 or self.max_queue < 0 or self.max_wait_s <= 0 or self.threads < 1:
             raise ValueError("admission needs max_in_flight >= 1, max_queue >= 0, max_wait_s > 0, "
                              "threads >= 1")
+        if self.queue_services is not None and self.queue_services <= 0:
+            raise ValueError("admission needs queue_services > 0 (or None)")
 
 
 @dataclass(frozen=True)
 class Refusal:
     reason: str  # "queue_full" | "deadline"
     retry_after_s: int
+    retry_after_ms: int = 0  # the same prediction, finer: clients that read it come back sooner
 
     def detail(self) -> str:
         why = ("the request queue is full" if self.reason == "queue_full"
@@ -78,6 +87,7 @@ class AdmissionGate:
     # Mean service time before any request finished; replaced by the first measurement.
     _INITIAL_SERVICE_S = 0.01
     _EWMA = 0.2
+    _DEADLINE_BUDGETS = 4
 
     def __init__(self, limits: AdmissionLimits = AdmissionLimits(),
                  clock: Callable[[], float] = time.monotonic):
@@ -95,11 +105,24 @@ class AdmissionGate:
         """Seconds until the request at queue ``position`` (1-based) gets a slot, on average."""
         return position * self.service_s / self.limits.max_in_flight
 
+    def queue_budget(self) -> float:
+        """Seconds a request may expect to wait for a slot now."""
+        if self.limits.queue_services is None:
+            return self.limits.max_wait_s
+        return min(self.limits.max_wait_s, self.limits.queue_services * self.service_s)
+
+    def drain_s(self) -> float:
+        """Predicted seconds for the current backlog to drain."""
+        return (self.in_flight + len(self._waiters)) * self.service_s / self.limits.max_in_flight
+
     def retry_after(self) -> int:
         # Rounded down: a backlog that drains in 0.3 s should not keep clients away for a whole
         # second (the server would idle); clients add their own jittered backoff on top.
-        backlog = self.in_flight + len(self._waiters)
-        return math.floor(backlog * self.service_s / self.limits.max_in_flight)
+        return math.floor(self.drain_s())
+
+    def refusal(self, reason: str) -> Refusal:
+        drain = self.drain_s()
+        return Refusal(reason, math.floor(drain), max(1, math.ceil(1000 * drain)))
 
     async def enter(self) -> Refusal | None:
         """None when the caller holds a slot (it must call ``leave``); else the refusal."""
@@ -107,12 +130,17 @@ class AdmissionGate:
             self.in_flight += 1
             return None
         position = len(self._waiters) + 1
-        if position > self.limits.max_queue or self.predicted_wait(position) > self.limits.max_wait_s:
-            return Refusal("queue_full", self.retry_after())
+        budget = self.queue_budget()
+        if position > self.limits.max_queue or self.predicted_wait(position) > budget * (1 + 1e-9):
+            return self.refusal("queue_full")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
         self._waiters.append(fut)
-        timer = loop.call_later(self.limits.max_wait_s, self._expire, fut)
+        # Four times the budget: a request is not refused for an ordinary spread of service
+        # times (with twice, a closed loop within capacity saw refusals on a shared machine),
+        # only when the queue is stuck.
+        timer = loop.call_later(min(self.limits.max_wait_s, self._DEADLINE_BUDGETS * budget),
+                                self._expire, fut)
         try:
             granted = await fut
         except asyncio.CancelledError:
@@ -125,7 +153,7 @@ class AdmissionGate:
             timer.cancel()
             if fut in self._waiters:
                 self._waiters.remove(fut)
-        return None if granted else Refusal("deadline", self.retry_after())
+        return None if granted else self.refusal("deadline")
 
     def leave(self, service_s: float) -> None:
         """Give the slot back; ``service_s`` is how long the request held it."""
@@ -165,7 +193,8 @@ def refusal_response_parts(refusal: Refusal) -> tuple[list[tuple[bytes, bytes]],
     body = json.dumps({"detail": refusal.detail()}).encode()
     headers = [(b"content-type", b"application/json"),
                (b"content-length", str(len(body)).encode()),
-               (b"retry-after", str(refusal.retry_after_s).encode())]
+               (b"retry-after", str(refusal.retry_after_s).encode()),
+               (contract.RETRY_AFTER_MS.lower().encode(), str(refusal.retry_after_ms).encode())]
     return headers, body
 
 

@@ -98,7 +98,8 @@ def create_app(source, *, api_key: str | None = None, limits: Limits | None = No
     problems = {code: {"model": Problem, "description": text} for code, text in [
         (401, "missing or wrong API key"), (413, "request body too large"),
         (422, "malformed request: wrong types, batch too large, top_n out of range"),
-        (503, "overloaded: retry after the Retry-After header's seconds")]}
+        (503, "overloaded: retry after the Retry-After header's seconds (Retry-After-Ms: the "
+              "same, in milliseconds)")]}
     # strict_content_type=False: a JSON body is read as JSON even without the header (curl -d).
     app = FastAPI(title="vrag-retriever", version="1", strict_content_type=False,
                   description="Page-image retriever: search inside one document, fetch a page. "

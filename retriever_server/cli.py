@@ -21,6 +21,10 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _services(text: str) -> float | None:
+    return None if text.lower() == "none" else float(text)
+
+
 def _cmd_index(args) -> int:
     from .indexer import build_index
 
@@ -69,6 +73,7 @@ def _cmd_serve(args) -> int:
     os.environ[asgi.ENV_MAX_QUEUE] = str(args.max_queue)
     os.environ[asgi.ENV_MAX_WAIT] = str(args.max_wait)
     os.environ[asgi.ENV_THREADS] = str(args.threads)
+    os.environ[asgi.ENV_QUEUE_SERVICES] = str(args.queue_services)
     os.environ[asgi.ENV_FOLLOW] = str(args.follow_index)
     asgi.admission_from_env()  # fail fast on bad limits
     if api_key:
@@ -131,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests waiting beyond those, per process; more are refused (503)")
     p.add_argument("--max-wait", type=float, default=AdmissionLimits.max_wait_s,
                    help="seconds a request may wait for a slot before it is refused (503)")
+    p.add_argument("--queue-services", type=_services, default=AdmissionLimits.queue_services,
+                   metavar="N",
+                   help="queue a request only if it should start within N mean service times "
+                        "(default %(default)s; 'none': --max-wait alone bounds the queue)")
     p.add_argument("--threads", type=int, default=AdmissionLimits.threads,
                    help="threads computing answers at once, per process")
     p.add_argument("--follow-index", type=float, default=0.0, metavar="SECONDS",

@@ -9,6 +9,9 @@ nothing of either package).
 - Fetch specs: ``"image, 3"`` / ``"text, 3"`` (modality, 1-based page; case and spaces are
   forgiven when read); ALDEN's ``"3-th"`` reads as ``"image, 3"``. Written canonically by
   `fetch_spec`.
+- Refusals (admission control): ``503`` with ``Retry-After`` in whole seconds and
+  `RETRY_AFTER_MS` (``Retry-After-Ms``), the same wait in milliseconds, for clients that can
+  come back sooner than a second.
 - Error items: ``{"id": "error", "contents": reason, "code": code}`` in place of one answer of a
   batch; `code` says whose mistake it was. `REQUEST_CODES` are the asker's (a page the document
   does not have, an unreadable fetch): for an agent, the policy's mistake, not a retriever fault.
@@ -21,6 +24,7 @@ import re
 from typing import Optional
 
 ERROR_ID = "error"
+RETRY_AFTER_MS = "Retry-After-Ms"  # header of a refusal: the predicted wait, in milliseconds
 MODALITIES = ("image", "text")
 
 # Error codes.

@@ -301,10 +301,12 @@ def serve_and_load(index: Path, batches, expect, workers: int, args) -> tuple[di
     """Serve ``index`` in a subprocess, warm up, and drive it; (results, CPU ms/batch, load)."""
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    # Throughput and latency, not admission control: these plain clients do not retry refusals,
+    # so every request may queue (the default queues only about one service's worth).
     server = subprocess.Popen(
         [sys.executable, "-m", "retriever_server.cli", "serve", "--index", str(index), "--host",
          "127.0.0.1", "--port", str(port), "--workers", str(workers), "--preload",
-         "--log-level", "warning"], env=env)
+         "--queue-services", "none", "--log-level", "warning"], env=env)
     try:
         _wait_healthy(port, server)
         run_load(port, batches, expect, args.clients, 2.0)  # warm-up

@@ -23,7 +23,8 @@ SEARCH = {"query": ["x"], "id": ["a"], "top_n": 1}
 
 def test_gate_runs_queues_then_refuses_in_order():
     async def scenario():
-        gate = AdmissionGate(AdmissionLimits(max_in_flight=2, max_queue=2, max_wait_s=5))
+        gate = AdmissionGate(AdmissionLimits(max_in_flight=2, max_queue=2, max_wait_s=5,
+                                             queue_services=None))
         assert await gate.enter() is None and await gate.enter() is None  # two slots
         waiters = [asyncio.ensure_future(gate.enter()) for _ in range(2)]
         await asyncio.sleep(0)
@@ -44,7 +45,8 @@ def test_gate_runs_queues_then_refuses_in_order():
 
 def test_gate_refuses_a_request_that_waited_past_its_deadline():
     async def scenario():
-        gate = AdmissionGate(AdmissionLimits(max_in_flight=1, max_queue=8, max_wait_s=0.05))
+        gate = AdmissionGate(AdmissionLimits(max_in_flight=1, max_queue=8, max_wait_s=0.05,
+                                             queue_services=None))
         assert await gate.enter() is None
         refusal = await gate.enter()  # waits 50 ms, nobody leaves
         assert refusal is not None and refusal.reason == "deadline"
@@ -65,7 +67,8 @@ def test_retry_after_is_the_predicted_drain_time_rounded_down():
 
 def test_gate_refuses_when_the_predicted_wait_is_too_long():
     async def scenario():
-        gate = AdmissionGate(AdmissionLimits(max_in_flight=1, max_queue=100, max_wait_s=0.5))
+        gate = AdmissionGate(AdmissionLimits(max_in_flight=1, max_queue=100, max_wait_s=0.5,
+                                             queue_services=None))
         assert await gate.enter() is None
         gate.service_s = 0.2  # measured mean service time: 3rd in line would wait 0.6 s
         first = [asyncio.ensure_future(gate.enter()) for _ in range(2)]
@@ -81,9 +84,61 @@ def test_gate_refuses_when_the_predicted_wait_is_too_long():
     asyncio.run(scenario())
 
 
+def test_queue_budget_follows_the_measured_service_time():
+    async def scenario():
+        gate = AdmissionGate(AdmissionLimits(max_in_flight=2, max_queue=100, max_wait_s=5,
+                                             queue_services=1))
+        assert await gate.enter() is None and await gate.enter() is None
+        gate.service_s = 0.1  # a budget of one service: 2 slots -> 2 may wait
+        waiters = [asyncio.ensure_future(gate.enter()) for _ in range(2)]
+        await asyncio.sleep(0)
+        assert gate.queued == 2
+        refusal = await gate.enter()  # would wait 1.5 services
+        assert refusal is not None and refusal.reason == "queue_full"
+        gate.service_s = 1.0  # slower service: the same queue is within the budget again ...
+        assert gate.queue_budget() == 1.0
+        gate.limits = AdmissionLimits(max_in_flight=2, max_wait_s=0.4, queue_services=1)
+        assert gate.queue_budget() == 0.4  # ... but never past max_wait_s
+        for _ in range(4):
+            gate.leave(0.1)
+            await asyncio.sleep(0)
+        assert all(w.result() is None for w in waiters) and gate.in_flight == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_waiter_is_refused_after_four_budgets_not_max_wait():
+    async def scenario():
+        gate = AdmissionGate(AdmissionLimits(max_in_flight=1, max_queue=8, max_wait_s=30,
+                                             queue_services=1))
+        assert await gate.enter() is None
+        gate.service_s = 0.05  # budget 50 ms: refused after 200 ms, not after 30 s
+        start = time.monotonic()
+        refusal = await gate.enter()
+        waited = time.monotonic() - start
+        assert refusal is not None and refusal.reason == "deadline"
+        assert 0.19 <= waited < 5
+        gate.leave(0.05)
+        assert (gate.in_flight, gate.queued) == (0, 0)
+
+    asyncio.run(scenario())
+
+
+def test_refusal_carries_the_drain_time_in_seconds_and_milliseconds():
+    gate = AdmissionGate(AdmissionLimits(max_in_flight=2))
+    gate.in_flight, gate.service_s = 2, 0.004  # 2 x 4 ms over 2 slots: 4 ms
+    refusal = gate.refusal("queue_full")
+    assert (refusal.retry_after_s, refusal.retry_after_ms) == (0, 4)
+    gate.service_s = 1.5
+    assert gate.refusal("deadline").retry_after_s == 1 and gate.refusal("x").retry_after_ms == 1500
+    gate.in_flight = 0
+    assert gate.refusal("queue_full").retry_after_ms == 1  # never "0 ms": at least a moment
+
+
 def test_a_cancelled_waiter_never_leaks_a_slot():
     async def scenario():
-        gate = AdmissionGate(AdmissionLimits(max_in_flight=1, max_queue=4, max_wait_s=5))
+        gate = AdmissionGate(AdmissionLimits(max_in_flight=1, max_queue=4, max_wait_s=5,
+                                             queue_services=None))
         assert await gate.enter() is None
         waiter = asyncio.ensure_future(gate.enter())
         await asyncio.sleep(0)
@@ -104,11 +159,14 @@ def test_limits_are_validated():
         AdmissionLimits(max_wait_s=0)
     with pytest.raises(ValueError):
         AdmissionLimits(threads=0)
+    with pytest.raises(ValueError):
+        AdmissionLimits(queue_services=0)
 
 
 def test_threads_cap_the_admitted_requests_that_compute_at_once():
     backend = HeldBackend()
-    app = create_app(backend, admission=AdmissionLimits(max_in_flight=3, threads=1, max_wait_s=20))
+    app = create_app(backend, admission=AdmissionLimits(max_in_flight=3, threads=1, max_wait_s=20,
+                                                        queue_services=None))
     backend.hold.clear()
     with serve_in_thread(app) as url, ThreadPoolExecutor(3) as pool, \
             httpx.Client(base_url=url, timeout=30) as http:
@@ -128,7 +186,8 @@ def test_threads_cap_the_admitted_requests_that_compute_at_once():
 @pytest.fixture
 def held_server():
     backend = HeldBackend()
-    app = create_app(backend, admission=AdmissionLimits(max_in_flight=2, max_queue=2, max_wait_s=20))
+    app = create_app(backend, admission=AdmissionLimits(max_in_flight=2, max_queue=2, max_wait_s=20,
+                                                        queue_services=None))
     with serve_in_thread(app) as url:
         yield backend, url, app
     backend.hold.set()
@@ -144,6 +203,7 @@ def test_saturated_server_refuses_with_retry_after_and_health_stays_fast(held_se
         refused = http.post("/batch_search", json=SEARCH)
         assert refused.status_code == 503
         assert int(refused.headers["Retry-After"]) >= 0  # whole seconds (0: retry soon)
+        assert int(refused.headers["Retry-After-Ms"]) >= 1  # the same, in milliseconds
         assert "overloaded" in refused.json()["detail"]
         assert http.post("/batch_fetch", json={"query": ["text, 1"], "id": ["a"]}).status_code == 503
 
@@ -166,7 +226,8 @@ def test_saturated_server_refuses_with_retry_after_and_health_stays_fast(held_se
 
 def test_a_request_past_its_deadline_is_refused_not_served_late():
     backend = HeldBackend()
-    app = create_app(backend, admission=AdmissionLimits(max_in_flight=1, max_queue=4, max_wait_s=0.3))
+    app = create_app(backend, admission=AdmissionLimits(max_in_flight=1, max_queue=4, max_wait_s=0.3,
+                                                        queue_services=None))
     backend.hold.clear()
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as http:
         first = threading.Thread(target=http.post, args=("/batch_search",), kwargs={"json": SEARCH})

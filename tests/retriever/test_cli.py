@@ -33,3 +33,18 @@ def test_loopback_detection():
     assert _is_loopback("127.0.0.1") and _is_loopback("::1") and _is_loopback("localhost")
     assert not _is_loopback("0.0.0.0") and not _is_loopback("10.1.2.3")
     assert not _is_loopback("example.com")
+
+
+def test_queue_services_reaches_the_worker_processes(monkeypatch):
+    from retriever_server import asgi
+    from retriever_server.admission import AdmissionLimits
+    from retriever_server.cli import build_parser
+
+    serve = ["serve", "--index", "x"]
+    assert build_parser().parse_args(serve).queue_services == AdmissionLimits.queue_services
+    assert build_parser().parse_args([*serve, "--queue-services", "none"]).queue_services is None
+    # serve passes limits to its workers through the environment
+    monkeypatch.setenv(asgi.ENV_QUEUE_SERVICES, "None")
+    assert asgi.admission_from_env().queue_services is None
+    monkeypatch.setenv(asgi.ENV_QUEUE_SERVICES, "2.5")
+    assert asgi.admission_from_env().queue_services == 2.5

@@ -57,7 +57,8 @@ def test_live_swap_under_concurrent_queries_fails_no_request(sample_pdfs, tmp_pa
                 counts[0] += 2
 
     # Generous admission limits: this test is about the swap, on a machine shared with others.
-    with serve_in_thread(out, admission=AdmissionLimits(max_queue=64, max_wait_s=60)) as url:
+    with serve_in_thread(out, admission=AdmissionLimits(max_queue=64, max_wait_s=60,
+                                                         queue_services=None)) as url:
         threads = [threading.Thread(target=query_loop, args=(url,)) for _ in range(4)]
         for t in threads:
             t.start()

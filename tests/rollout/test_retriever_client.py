@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vrag_rollout.retriever_client import (
+    AdaptiveLimit,
     FetchSpec,
     ReplicaSet,
     HttpTransport,
@@ -66,7 +67,8 @@ class FakeRetriever:
     """Threaded HTTP server. `script` holds actions for the next requests, first first; when it is
     empty requests get the correct wire answer. Actions: ("status", code), ("raw", bytes),
     ("json", obj), ("hang",) (sleeps until released, past any client timeout), ("refuse", s)
-    (503 with `Retry-After: s`, as admission control answers)."""
+    (503 with `Retry-After: s`, as admission control answers), ("refuse_ms", ms) (the same with
+    `Retry-After: 0` and `Retry-After-Ms: ms`, as this project's server answers)."""
 
     def __init__(self, delay: float = 0.0):
         self.script: list[tuple] = []
@@ -74,6 +76,7 @@ class FakeRetriever:
         self.requests: list[tuple[str, dict, dict]] = []  # (path, headers, body)
         self.in_flight = 0
         self.max_in_flight = 0
+        self.arrivals: list[tuple[str, int]] = []  # (action, requests in flight on arrival)
         self.lock = threading.Lock()
         self.release = threading.Event()
         fake = self
@@ -93,6 +96,7 @@ class FakeRetriever:
                     action = fake.script.pop(0) if fake.script else None
                     fake.in_flight += 1
                     fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
+                    fake.arrivals.append((action[0] if action else "answer", fake.in_flight))
                 try:
                     if fake.delay:
                         time.sleep(fake.delay)
@@ -109,6 +113,9 @@ class FakeRetriever:
                         self._reply(200, json.dumps(action[1]).encode())
                     elif action[0] == "refuse":
                         self._reply(503, b'{"detail": "overloaded"}', {"Retry-After": str(action[1])})
+                    elif action[0] == "refuse_ms":
+                        self._reply(503, b'{"detail": "overloaded"}',
+                                    {"Retry-After": "0", "Retry-After-Ms": str(action[1])})
                 finally:
                     with fake.lock:
                         fake.in_flight -= 1
@@ -488,6 +495,76 @@ def test_overload_wait_honours_retry_after_with_jitter():
         assert 0.4 <= client._overload_wait(None, 3) < 0.6
         assert 0.8 <= client._overload_wait(0.0, 9) < 1.2  # doubling stops at 8x
         assert client._overload_wait(1000.0, 1) == 10.0  # capped
+
+
+def test_overload_wait_follows_the_finer_retry_after_ms_hint():
+    with RetrieverClient("http://127.0.0.1:9", backoff=0.5) as client:
+        waits = [client._overload_wait(0.0, 1, 0.02) for _ in range(200)]
+        assert all(0.02 <= w < 0.03 for w in waits)  # the server's 20 ms, not the 0.5 s backoff
+        assert 0.08 <= client._overload_wait(0.0, 3, 0.02) < 0.12  # doubling per refusal
+        assert 0.16 <= client._overload_wait(0.0, 9, 0.02) < 0.24  # up to 8x
+        assert client._overload_wait(0.0, 1, 0.0) >= 0.002  # "0 ms" is no busy loop
+
+
+def test_refusal_with_retry_after_ms_is_waited_out_in_milliseconds(fake):
+    fake.script = [("refuse_ms", 30)]
+    with client_for(fake, backoff=2.0) as client:  # a backoff this long would show
+        start = time.monotonic()
+        res = client.batch_fetch([FetchSpec("text", 1)], ["manual_v2"])
+        elapsed = time.monotonic() - start
+        assert res == [RetrievedPage("manual_v2_1", "manual_v2", 1, "text", "text of manual_v2 page 1")]
+        assert 0.03 <= elapsed < 1.0
+        snap = client.stats.snapshot()
+        assert snap["overloaded"] == 1 and 0.03 <= snap["overload_wait_s"] < 0.05
+    assert fake.paths()["/batch_fetch"] == 2
+
+
+def test_adaptive_limit_halves_once_per_round_and_grows_by_one_per_round():
+    limit = AdaptiveLimit(8)
+    far = time.monotonic() + 60
+    rounds = [limit.acquire(far) for _ in range(8)]
+    assert limit.in_flight == 8 and limit.acquire(time.monotonic()) is None  # full: no room
+    limit.release(rounds[0], "refused")
+    limit.release(rounds[1], "refused")  # sent in the same round: no second cut
+    assert limit.limit == 4
+    for r in rounds[2:]:
+        limit.release(r, "failed")  # faults say nothing about load
+    assert (limit.limit, limit.in_flight) == (4, 0)
+    for _ in range(4):  # a round of 4 answers: one more request may be in flight
+        limit.release(limit.acquire(far), "ok")
+    assert 4.9 < limit.limit <= 5.0
+    r = limit.acquire(far)
+    limit.release(r, "refused")  # a later round: cut again
+    assert 2.4 < limit.limit <= 2.5
+    for _ in range(200):
+        limit.release(limit.acquire(far), "ok")
+    assert limit.limit == 8  # never above the maximum
+    for _ in range(10):
+        limit.release(limit.acquire(far), "refused")
+    assert limit.limit == 1  # nor below one
+
+
+def test_adaptive_limit_sends_nothing_during_a_refusals_pause():
+    limit = AdaptiveLimit(4)
+    far = time.monotonic() + 60
+    limit.release(limit.acquire(far), "refused", pause_s=0.2)
+    start = time.monotonic()
+    assert limit.acquire(start + 0.05) is None  # room, but the server asked for 0.2 s
+    assert limit.acquire(far) is not None
+    assert 0.18 <= time.monotonic() - start < 2.0
+
+
+def test_a_refused_client_keeps_fewer_requests_in_flight(fake):
+    fake.delay = 0.05  # requests overlap
+    fake.script = [("refuse_ms", 1)] * 8  # the first wave is refused
+    with client_for(fake, max_concurrency=8, max_batch=1) as client:
+        res = client.batch_search(["q"] * 24, ["manual_v2"] * 24, top_n=1)
+        assert all(isinstance(r, list) for r in res) and client.stats.overloaded == 8
+    answered = [n for action, n in fake.arrivals if action == "answer"]
+    assert len(answered) == 24
+    # The window was halved once (8 -> 4) and regrows by about one per round of answers: the
+    # first rounds after the cut stay near 4; without it all 8 threads would come back at once.
+    assert max(answered[:8]) <= 5
 
 
 def test_parse_urls():
