@@ -21,7 +21,8 @@ Contract (what `examples/reward_function/vrag.py` hands EasyR1's `AutoRewardMana
   - `format`: 1 when the policy's text (observations removed) has exactly one
     `<answer>…</answer>`, after every action, with every `<search>` non-empty, every `<fetch>`
     of the form `image|text, N` (N >= 1), every `<tool_call>` one the rollout can execute
-    (`tool_turns.parse_tool_calls`), and no unclosed or stray tag; else 0;
+    (`tool_turns.parse_tool_calls`), and no unclosed or stray tag (a leading `</think>` closes
+    the `<think>` a thinking template's generation prompt opened); else 0;
   - `retrieval`: NDCG of the distinct pages the episode was shown, in the order first shown,
     against the gold pages (binary relevance, DCG = sum rel_i / log2(i + 1), ideal DCG over all
     gold pages, so missing a gold page costs); 0 without gold pages or without pages shown;
@@ -137,8 +138,10 @@ def format_score(response: str) -> float:
     text = policy_text(response)
     stack: list = []
     blocks: list = []  # (tag, content) in order
-    for match in TAG.finditer(text):
+    for number, match in enumerate(TAG.finditer(text)):
         closing, tag = match.group(0).startswith("</"), match.group(1)
+        if number == 0 and closing and tag == "think":
+            continue  # closes the <think> a thinking template's generation prompt opened
         if tag in ("result", "tool_response"):
             return 0.0  # a stray observation tag written by the policy
         if not closing:

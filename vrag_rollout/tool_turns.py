@@ -77,7 +77,8 @@ def template_with_tools(template: str, tools: Sequence[dict] = TOOLS) -> str:
     """`template` with `tools` as the default of its `tools` variable: rendering it without
     `tools=` gives what the original renders with them (tested for every family). For trainers
     whose dataset renders prompts without `tools=` (EasyR1's), so the system turn is the
-    template's own with the schemas in it; an explicit `tools=` still wins."""
+    template's own with the schemas in it; a non-empty `tools=` still wins (None or [] get the
+    defaults)."""
     if template.startswith(_DEFAULT_TOOLS_MARK):
         template = template[template.index(_DEFAULT_TOOLS_END) + len(_DEFAULT_TOOLS_END):]
     literal = _jinja_literal(list(tools))

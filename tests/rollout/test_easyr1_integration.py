@@ -881,3 +881,43 @@ def test_real_easyr1_config_patches_union_and_reward(real_easyr1):
         non_tensors={"ground_truth": np.array(["g"], dtype=object)})
     scores, metrics = AutoRewardManager(reward_config, Tokenizer()).compute_reward(data)
     assert metrics["overall"] == [4.0] and scores[0, 3] == 4.0
+
+
+def _tool_call_ppo(template=None, action_format="tool_call"):
+    class Rollout:
+        doc_id_key, chat_template = "doc_id", template
+
+    Rollout.action_format = action_format
+
+    class PPO:
+        worker = type("Worker", (), {"rollout": Rollout()})()
+
+    return PPO()
+
+
+def test_prompt_tools_follow_the_config_and_never_leak_into_a_tags_run(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    env = glue.make_runtime_env(_tool_call_ppo("templates/t.jinja"))["env_vars"]
+    assert json.loads(env[glue.PROMPT_TOOLS_ENV]) == {"chat_template": str(tmp_path / "templates" / "t.jinja")}
+    monkeypatch.setenv(glue.PROMPT_TOOLS_ENV, env[glue.PROMPT_TOOLS_ENV])  # as the entry point leaves it
+    assert glue.PROMPT_TOOLS_ENV not in glue.make_runtime_env(_tool_call_ppo(action_format="tags"))["env_vars"]
+
+
+def test_a_tool_call_run_renders_prompts_and_tool_turns_with_one_template(tmp_path):
+    from vrag_rollout.integrations.easyr1.config_schema import check_tool_call_template
+
+    override = tmp_path / "override.jinja"
+    assert check_tool_call_template(str(override), "tags", None) == []
+    assert check_tool_call_template(None, "tool_call", None) == []
+    assert check_tool_call_template(str(override), "tool_call", str(override)) == []
+    [problem] = check_tool_call_template(str(override), "tool_call", None)
+    assert "must also be worker.rollout.chat_template" in problem
+    assert check_tool_call_template(str(override), "tool_call", str(tmp_path / "other.jinja"))
+
+
+def test_prompt_tools_need_a_string_template(tiny_processor):
+    class NoTemplate:
+        chat_template = {"default": "{{ messages }}"}  # transformers also allows named templates
+
+    with pytest.raises(ValueError, match="needs a chat template"):
+        glue.give_prompts_tools(NoTemplate(), None)

@@ -83,6 +83,10 @@ def test_last_answer_is_read_from_the_whole_response_but_never_from_observations
     ('<tool_call>\n{"name": "fetch", "arguments": {"page": 0, "mode": "image"}}\n</tool_call>'
      '<tool_response>error</tool_response><answer>x</answer>', 0.0),    # a call the rollout refused
     ('<tool_call>{"name": "search", "arguments": {"query": "q"}}', 0.0),  # unclosed call
+    # a thinking template's generation prompt ends with "<think>\n": the response starts inside it
+    ('plan</think>\n<tool_call>{"name": "search", "arguments": {"query": "q"}}</tool_call>user\n'
+     '<tool_response>r</tool_response>assistant\n<think>\nok</think><answer>x</answer>', 1.0),
+    ("<answer>x</answer></think>", 0.0),                                 # a stray one later is not
     ('<answer>x</answer><tool_call>{"name": "search", "arguments": {"query": "q"}}</tool_call>', 0.0),
 ])
 def test_format_score(response, expected):

@@ -5,6 +5,7 @@ needs before anything starts (pixel bands, token budget, advantage estimator).""
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Iterable, Optional, Sequence
 
 from ...config import AgentRolloutConfig
@@ -137,10 +138,28 @@ def check_agent_config(ppo_config: Any) -> list:
             f"worker.rollout.max_num_batched_tokens ({rollout.max_num_batched_tokens}) < "
             f"max_prompt_length + max_response_length ({budget})"
         )
+    problems.extend(check_tool_call_template(getattr(ppo_config.data, "override_chat_template", None),
+                                             getattr(rollout, "action_format", "tags"),
+                                             getattr(rollout, "chat_template", None)))
     algorithm = getattr(ppo_config, "algorithm", None)
     if algorithm is not None and getattr(algorithm, "adv_estimator", None) is not None:
         problems.extend(check_estimator(algorithm.adv_estimator))
     return problems
+
+
+def check_tool_call_template(data_override: Optional[str], action_format: str,
+                             rollout_template: Optional[str]) -> list:
+    """A tool_call run renders prompts and tool turns with one template. EasyR1 applies
+    `data.override_chat_template` to the driver's tokenizer only (the dataset's), never to the
+    rollout workers', so the two would differ unless the rollout names the same file."""
+    if action_format != "tool_call" or not data_override:
+        return []
+    same = rollout_template and os.path.realpath(rollout_template) == os.path.realpath(data_override)
+    if same:
+        return []
+    return [f"data.override_chat_template ({data_override}) must also be worker.rollout.chat_template "
+            f"(now {rollout_template!r}) in a tool_call run: the prompts and the tool turns must come from "
+            "one template"]
 
 
 def load_ppo_config(argv: Optional[Sequence[str]] = None) -> Any:

@@ -24,6 +24,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         warnings.warn(f"worker.rollout.name is not {AGENT_ROLLOUT_NAME!r}: EasyR1's own rollout will run")
     runtime_env = make_runtime_env(ppo_config)
     os.environ.update({k: v for k, v in runtime_env["env_vars"].items() if k in (AGENT_CLASS_ENV, GENERATION_KEYS_ENV, PROMPT_TOOLS_ENV)})
+    if PROMPT_TOOLS_ENV not in runtime_env["env_vars"]:
+        os.environ.pop(PROMPT_TOOLS_ENV, None)  # Ray's processes inherit this one's environment
     if ray.is_initialized():
         warnings.warn("Ray was initialised before main(): make sure its runtime_env has "
                       f"worker_process_setup_hook={SETUP_HOOK!r}, or workers run EasyR1's rollout")

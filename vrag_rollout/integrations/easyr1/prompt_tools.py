@@ -40,11 +40,16 @@ def give_prompts_tools(tokenizer: Any, processor: Any, chat_template_path: Optio
     """Make `tokenizer` and `processor` (each when it has a template) render prompts with the
     agent's tools, from the file `chat_template_path` when given, else from their own template."""
     named = Path(chat_template_path).read_text(encoding="utf-8") if chat_template_path else None
+    patched = 0
     for owner in (processor, tokenizer):
         template = named or getattr(owner, "chat_template", None)
         if owner is None or not isinstance(template, str):
             continue
         owner.chat_template = template_with_tools(template, TOOLS)
+        patched += 1
+    if not patched:
+        raise ValueError("a tool_call run needs a chat template (one string) to render prompts with the "
+                         "tool schemas; the tokenizer and processor have none: set worker.rollout.chat_template")
 
 
 def patch_dataset(module: Any) -> dict:
