@@ -42,7 +42,6 @@ class Episode:
     turns: int = 0
     searches: int = 0
     fetches: int = 0
-    invalid_actions: int = 0
     invalid_kinds: Counter = field(default_factory=Counter)  # kind -> count (actions.Invalid.kind)
     calls_cut: int = 0  # tool calls left open when the episode's sampling hit the length limit
     retriever_errors: int = 0
@@ -101,8 +100,11 @@ class Episode:
         self.page_ids.append(list(observation.page_ids))
         return True
 
+    @property
+    def invalid_actions(self) -> int:
+        return sum(self.invalid_kinds.values())
+
     def count_invalid(self, kind: str) -> None:
-        self.invalid_actions += 1
         self.invalid_kinds[kind] += 1
 
     def finish(self, reason: str) -> None:

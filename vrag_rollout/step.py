@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 from .actions import Answer, Fetch, Invalid, Search, Stop, parse_action
 from .episode import Episode
 from .observation import Observation, ObservationBuilder
-from .tool_turns import ToolCalls, final_answer, parse_tool_calls
+from .tool_turns import ToolCalls, final_answer, has_open_call, parse_tool_calls
 
 
 def after_generation(
@@ -62,7 +62,7 @@ def after_tool_call_turn(episode: Episode, output: Any, *, last_turn: bool, turn
     chat format cannot continue after it."""
     episode.append_sampled(output.token_ids, output.logprobs)
     if output.finish_reason == "length":
-        episode.calls_cut += int(output.text.count("<tool_call>") > output.text.count("</tool_call>"))
+        episode.calls_cut += int(has_open_call(output.text))
         episode.finish("length")
         return None
     if output.finish_reason != "stop" or not output.token_ids or output.token_ids[-1] != turn_end:

@@ -125,7 +125,7 @@ def parse_tool_calls(text: str) -> list[Union[Search, Fetch, Invalid]]:
     bodies = _CALL.findall(text)
     for body in bodies:
         calls.append(_read_call(body))
-    if text.count("<tool_call>") > len(bodies):
+    if has_open_call(text):
         calls.append(Invalid("a <tool_call> was not closed with </tool_call>.", "unclosed_call"))
     elif bodies:
         after = text[text.rfind("</tool_call>") + len("</tool_call>"):].replace("<|im_end|>", "")
@@ -133,6 +133,11 @@ def parse_tool_calls(text: str) -> list[Union[Search, Fetch, Invalid]]:
             calls.append(Invalid("text after </tool_call> was ignored; end the turn after the last call.",
                                  "text_after_call"))
     return calls
+
+
+def has_open_call(text: str) -> bool:
+    """Whether a `<tool_call>` of the turn was never closed."""
+    return text.count("<tool_call>") > len(_CALL.findall(text))
 
 
 def _read_call(body: str) -> Union[Search, Fetch, Invalid]:

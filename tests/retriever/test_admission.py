@@ -65,6 +65,14 @@ def test_retry_after_is_the_predicted_drain_time_rounded_down():
     assert gate.retry_after() == 3
 
 
+async def drain(gate, waiters, service_s):
+    """Finish every running request, then every waiter admitted in turn: all were admitted."""
+    for _ in range(gate.in_flight + len(waiters)):
+        gate.leave(service_s)
+        await asyncio.sleep(0)
+    assert all(w.result() is None for w in waiters) and gate.in_flight == 0
+
+
 def test_gate_refuses_when_the_predicted_wait_is_too_long():
     async def scenario():
         gate = AdmissionGate(AdmissionLimits(max_in_flight=1, max_queue=100, max_wait_s=0.5,
@@ -76,10 +84,7 @@ def test_gate_refuses_when_the_predicted_wait_is_too_long():
         assert gate.queued == 2
         refusal = await gate.enter()
         assert refusal is not None and refusal.reason == "queue_full"
-        for _ in range(3):
-            gate.leave(0.2)
-            await asyncio.sleep(0)
-        assert all(f.result() is None for f in first) and gate.in_flight == 0
+        await drain(gate, first, 0.2)
 
     asyncio.run(scenario())
 
@@ -99,10 +104,7 @@ def test_queue_budget_follows_the_measured_service_time():
         assert gate.queue_budget() == 1.0
         gate.limits = AdmissionLimits(max_in_flight=2, max_wait_s=0.4, queue_services=1)
         assert gate.queue_budget() == 0.4  # ... but never past max_wait_s
-        for _ in range(4):
-            gate.leave(0.1)
-            await asyncio.sleep(0)
-        assert all(w.result() is None for w in waiters) and gate.in_flight == 0
+        await drain(gate, waiters, 0.1)
 
     asyncio.run(scenario())
 
