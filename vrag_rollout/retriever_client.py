@@ -17,16 +17,18 @@ go round-robin over them; a replica that fails a chunk (connection, timeout, 5xx
 retries) is skipped for `down_s` seconds and the chunk moves to the next one.
 
 Overload: a server that refuses with 503/429 *and* `Retry-After` (admission control) is not
-retried by urllib3. Each replica has an `AdaptiveLimit`: at most `max_concurrency` requests in
-flight to it, halved by a refusal (once per round), grown by about one per round of answers
-(AIMD), and closed for the server's hint after a refusal, so the requests of a burst wait in the
-client instead of being refused again and again. The hint is `Retry-After-Ms` when the server
-sends it (this project's server does), else `Retry-After` (at least `backoff`), times a random
-factor in [1, 1.5) (so refused clients do not return in lockstep). The refused chunk moves to
-another replica that is not refusing, or waits the hint, doubling per refusal up to 8x, and tries
-again, for at most `overload_budget_s` seconds in all (waiting for room in a window counts too);
-then every item of the chunk becomes a `RetrieverFailure("overloaded", ...)`. Refusals are
-counted in `stats.overloaded`, apart from failures.
+retried by urllib3. Each replica has an `AdaptiveLimit`, a congestion window clocked by answers:
+at most `max_concurrency` requests in flight to it; a refusal halves the window (once per round)
+and caps it at the requests still at that server, so the refused chunk waits in the client
+until one of them is answered; a refusal that leaves nothing in flight closes the window for the
+server's hint: `Retry-After-Ms` when the server sends it (this project's server does), else
+`Retry-After` (at least `backoff`), doubling per refusal of the chunk up to 8x, times a random
+factor in [1, 1.5) (so refused clients do not return in lockstep). Answers regrow the window.
+A refused chunk first moves to another replica that is not refusing. A chunk gets at most
+`overload_budget_s` seconds in all (waiting for room in a window counts too); then every item
+of it becomes a `RetrieverFailure("overloaded", ...)`. Refusals are counted in
+`stats.overloaded`, apart from failures. Answers are decoded after the window's slot is given
+back: the window counts requests the server holds, not the client's own work.
 
 Network and server faults never escape `batch_search` / `batch_fetch` as an exception or a
 `None`: every item of an affected chunk becomes a `RetrieverFailure` whose message can be shown
@@ -227,14 +229,18 @@ class HttpTransport:
         self._pool = urllib3.PoolManager(num_pools=4, maxsize=max(1, max_connections), block=False)
 
     def post(self, path: str, body: dict, timeout: float) -> Any:
+        return decode_json(self.send(path, body, timeout))
+
+    def send(self, path: str, body: dict, timeout: float) -> bytes:
+        """The call without decoding: the answer's bytes (``decode_json`` reads them)."""
         data = json.dumps(body).encode("utf-8")
-        return _parse_json(self._request("POST", path, data, timeout, self._retry))
+        return self._request("POST", path, data, timeout, self._retry).data
 
     def get(self, path: str, timeout: float) -> Any:
         # A health probe: one try; the caller decides how often to poll.
         resp = self._request("GET", path, None, timeout, Retry(0, redirect=False, raise_on_status=False))
         try:
-            return _parse_json(resp)
+            return decode_json(resp.data)
         except TransportMalformed:
             return None  # a plain-text "ok" is still a healthy server
 
@@ -295,9 +301,10 @@ def _classify(reason: BaseException | None, tries: int) -> TransportError:
     return TransportConnectionError(f"retriever connection failed after {_tries(tries)}", tries=tries)
 
 
-def _parse_json(resp) -> Any:
+def decode_json(data: bytes) -> Any:
+    """An answer's body as JSON values; TransportMalformed when it is not JSON."""
     try:
-        return _loads(resp.data)
+        return _loads(data)
     except (ValueError, UnicodeDecodeError) as e:  # msgspec.DecodeError is a ValueError
         raise TransportMalformed("retriever sent a body that is not JSON") from e
 
@@ -501,19 +508,28 @@ class ReplicaSet:
 
 
 class AdaptiveLimit:
-    """How many requests this client keeps in flight to one replica: additive increase,
-    multiplicative decrease (AIMD, as TCP's congestion window).
+    """How many requests this client keeps in flight to one replica: a congestion window, as
+    TCP's (slow start, additive increase, multiplicative decrease), clocked by answers.
 
-    The limit starts at ``maximum``. A refusal halves it, at most once per round: refusals of
-    requests sent before the last cut carry no news. Each answer adds ``1 / limit`` (one more
-    request per round of answers). Never below 1 nor above ``maximum``. Requests over the limit
-    wait here, in the client, instead of being refused by a busy server again and again (each
-    refusal costs both sides CPU, and each waits out a backoff while the server may be idle).
-    Thread-safe."""
+    - The window starts at ``maximum``.
+    - A refusal cuts it in half, at most once per round (refusals of requests sent before the
+      last cut carry no news), and never leaves it above the requests this client still has at
+      that server: the server is full now, and each of those answers frees a place there, so
+      each answer lets one waiting request go (self-clocking, no sleeping on a guess).
+    - A refusal that leaves nothing in flight has no answer to wait for: nothing is sent for
+      ``pause_s`` (the server's hint).
+    - Answers grow the window by one each while it is below the half the last cut kept (slow
+      start: back quickly to what the server took), then by ``1 / window`` each (about one more
+      request per round of answers). Never below 1 nor above ``maximum``.
+
+    Requests over the window wait here, in the client, instead of being refused by a busy
+    server again and again (each refusal costs both sides CPU, and a client that sleeps on a
+    refusal while the server drains leaves it idle). Thread-safe."""
 
     def __init__(self, maximum: int):
         self.maximum = maximum
         self.limit = float(maximum)
+        self.threshold = float(maximum)  # slow start below it
         self.in_flight = 0
         self._round = 0
         self._paused_until = 0.0
@@ -521,10 +537,13 @@ class AdaptiveLimit:
 
     def acquire(self, deadline: float) -> Optional[int]:
         """Wait (until the monotonic ``deadline``) for room and for any pause to end; the round
-        to pass to `release`, or None when the deadline came first."""
+        to pass to `release`, or None when the deadline comes first (at once when a pause
+        outlasts it: that wait is not slept)."""
         with self._cond:
             while True:
                 now = time.monotonic()
+                if self._paused_until > deadline:
+                    return None
                 wait = max(self._paused_until - now, 0.0) if self.in_flight < int(self.limit) else None
                 if wait == 0.0:
                     break
@@ -535,17 +554,21 @@ class AdaptiveLimit:
             return self._round
 
     def release(self, round_: int, outcome: str, pause_s: float = 0.0) -> None:
-        """``outcome``: "ok" (an answer), "refused" (503/429 + Retry-After; nothing more is sent
-        for ``pause_s``, as the server asked) or "failed" (a fault: no news about load)."""
+        """``outcome``: "ok" (an answer), "refused" (503/429 + Retry-After) or "failed" (a
+        fault: no news about load). ``pause_s``: how long the server asked a refused client to
+        wait; kept only when no request of this client is left at the server."""
         with self._cond:
             self.in_flight -= 1
             if outcome == "refused":
                 if round_ == self._round:
-                    self.limit = max(1.0, self.limit / 2)
+                    self.limit = self.threshold = max(1.0, self.limit / 2)
                     self._round += 1
-                self._paused_until = max(self._paused_until, time.monotonic() + pause_s)
+                self.limit = max(1.0, min(self.limit, float(self.in_flight)))
+                if self.in_flight == 0:
+                    self._paused_until = max(self._paused_until, time.monotonic() + pause_s)
             elif outcome == "ok":
-                self.limit = min(float(self.maximum), self.limit + 1 / self.limit)
+                grow = 1.0 if self.limit < self.threshold else 1 / self.limit
+                self.limit = min(float(self.maximum), self.limit + grow)
             room = int(self.limit) - self.in_flight
             if room > 0:
                 self._cond.notify(room)
@@ -685,55 +708,64 @@ class RetrieverClient:
     def _post(self, path: str, body: dict, deadline: float) -> Any:
         """One chunk: over the replicas until one answers; raises the last TransportError."""
         failed: set[int] = set()  # replicas that failed this chunk (not counting refusals)
-        refusals = 0
+        refusals = 0  # of this chunk, by any replica
+        refused_at: Optional[float] = None  # when the chunk started waiting out a refusal
+        last_refusal: Optional[TransportOverloaded] = None
         while True:
-            refused_now: list[TransportOverloaded] = []
             for i in self._replicas.order():
                 if i in failed:
                     continue
                 round_ = self._limits[i].acquire(deadline)
-                if round_ is None:  # the overload budget ran out waiting for room
-                    raise TransportOverloaded(
-                        503, None, f"retriever overloaded: no room within {self.overload_budget_s:g} s; "
-                                   f"try again later")
+                if refused_at is not None:
+                    self.stats.add_overloaded_wait(time.monotonic() - refused_at)
+                    refused_at = None
+                if round_ is None:  # the overload budget ran out (or cannot cover a pause)
+                    raise _out_of_budget(last_refusal, refusals, self.overload_budget_s)
                 outcome, pause = "failed", 0.0
+                transport = self.transports[i]
+                # An HTTP transport hands back the bytes: they are decoded after the window's
+                # slot is given back, since the window counts requests the server holds, not
+                # this client's own work (with a window of 2, decoding inside it left the
+                # server idle half the time).
+                send = getattr(transport, "send", None)
                 try:
-                    data = self.transports[i].post(path, body, self.timeout)
+                    data = (send or transport.post)(path, body, self.timeout)
                     outcome = "ok"
                 except TransportOverloaded as e:
                     # Busy, not broken: another replica may take the chunk now; others' chunks
-                    # try this one last until its Retry-After has passed, and this client
-                    # sends it nothing until the (jittered) hint has passed.
-                    outcome, pause = "refused", self._overload_wait(e.retry_after, 1, e.retry_after_ms)
+                    # try this one last until its Retry-After has passed. This chunk waits in
+                    # the window, for an answer or (with none pending) the server's hint,
+                    # doubling per refusal of this chunk.
+                    refusals += 1
+                    last_refusal = e
+                    outcome = "refused"
+                    pause = self._overload_wait(e.retry_after, refusals, e.retry_after_ms)
                     self.stats.add_overloaded()
                     self._replicas.mark_down(i, e.retry_after or 0.0)
-                    refused_now.append(e)
+                    refused_at = time.monotonic()
                     continue
                 except TransportError:
-                    failed.add(i)
-                    self._replicas.mark_down(i, self.down_s)
-                    if len(failed) == len(self.transports):
-                        raise
-                    self.stats.add_failover()
+                    self._fail_over(i, failed)
                     continue
                 finally:
                     self._limits[i].release(round_, outcome, pause)
+                if send is not None:
+                    try:
+                        data = decode_json(data)
+                    except TransportMalformed:
+                        self._fail_over(i, failed)
+                        continue
                 self._replicas.mark_up(i)
                 return data
-            # Every replica still in play refused: wait until the first says it may have room,
-            # then go round again.
-            refusals += 1
-            hint = min((e.retry_after for e in refused_now if e.retry_after is not None), default=None)
-            fine = min((e.retry_after_ms for e in refused_now if e.retry_after_ms is not None), default=None)
-            wait = self._overload_wait(hint, refusals, fine)
-            if time.monotonic() + wait > deadline:
-                e = refused_now[-1]
-                raise TransportOverloaded(
-                    e.status, e.retry_after,
-                    f"retriever overloaded: refused {refusals} time(s) within {self.overload_budget_s:g} s; try again later",
-                )
-            self.stats.add_overloaded_wait(wait)
-            time.sleep(wait)
+
+    def _fail_over(self, i: int, failed: set[int]) -> None:
+        """Replica ``i`` failed this chunk: it goes last for ``down_s``; re-raises the error
+        when no replica is left (call from an ``except`` block)."""
+        failed.add(i)
+        self._replicas.mark_down(i, self.down_s)
+        if len(failed) == len(self.transports):
+            raise
+        self.stats.add_failover()
 
     def _overload_wait(self, retry_after: Optional[float], refusals: int,
                        retry_after_ms: Optional[float] = None) -> float:
@@ -748,6 +780,16 @@ class RetrieverClient:
         else:
             base = max(retry_after or 0.0, max(self.backoff, 0.01) * doubling)
         return min(self._MAX_OVERLOAD_WAIT_S, base * self._rng.uniform(1.0, 1.5))
+
+
+def _out_of_budget(refusal: Optional[TransportOverloaded], refusals: int,
+                   budget_s: float) -> TransportOverloaded:
+    if refusal is None:
+        return TransportOverloaded(503, None, f"retriever overloaded: no room within {budget_s:g} s; "
+                                              f"try again later")
+    return TransportOverloaded(refusal.status, refusal.retry_after,
+                               f"retriever overloaded: refused {refusals} time(s) within "
+                               f"{budget_s:g} s; try again later", refusal.retry_after_ms)
 
 
 def _check_inputs(items: list, doc_ids: list, name: str) -> None:

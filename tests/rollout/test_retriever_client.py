@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vrag_rollout import retriever_client
 from vrag_rollout.retriever_client import (
     AdaptiveLimit,
     FetchSpec,
@@ -519,29 +520,73 @@ def test_refusal_with_retry_after_ms_is_waited_out_in_milliseconds(fake):
     assert fake.paths()["/batch_fetch"] == 2
 
 
-def test_adaptive_limit_halves_once_per_round_and_grows_by_one_per_round():
+def test_adaptive_limit_halves_once_per_round_and_waits_for_answers():
     limit = AdaptiveLimit(8)
     far = time.monotonic() + 60
     rounds = [limit.acquire(far) for _ in range(8)]
     assert limit.in_flight == 8 and limit.acquire(time.monotonic()) is None  # full: no room
     limit.release(rounds[0], "refused")
+    assert (limit.limit, limit.in_flight) == (4, 7)
     limit.release(rounds[1], "refused")  # sent in the same round: no second cut
     assert limit.limit == 4
-    for r in rounds[2:]:
+    # 6 still at the server, the window is 4: nothing more goes until answers come back.
+    assert limit.acquire(time.monotonic() + 0.02) is None
+    for r in rounds[2:5]:
+        limit.release(r, "ok")  # answers grow the window by 1/4 each: 4.75, room for 1
+    assert 4.7 < limit.limit < 4.8 and limit.in_flight == 3
+    assert limit.acquire(time.monotonic()) is not None
+    for r in rounds[5:]:
         limit.release(r, "failed")  # faults say nothing about load
-    assert (limit.limit, limit.in_flight) == (4, 0)
-    for _ in range(4):  # a round of 4 answers: one more request may be in flight
+
+
+def test_adaptive_limit_never_stays_above_what_is_still_in_flight():
+    limit = AdaptiveLimit(8)
+    far = time.monotonic() + 60
+    rounds = [limit.acquire(far) for _ in range(8)]
+    for r in rounds[:6]:  # a wave refused but for two: the server took two of ours
+        limit.release(r, "refused")
+    assert (limit.limit, limit.in_flight) == (2, 2)
+    assert limit.acquire(time.monotonic() + 0.02) is None  # each answer will clock one request
+    limit.release(rounds[6], "ok")
+    assert limit.acquire(time.monotonic()) is not None
+
+
+def test_adaptive_limit_slow_start_back_to_half_then_one_per_round():
+    limit = AdaptiveLimit(8)
+    far = time.monotonic() + 60
+    rounds = [limit.acquire(far) for _ in range(8)]
+    for r in rounds:  # everything refused: nothing left in flight
+        limit.release(r, "refused")
+    assert (limit.limit, limit.threshold) == (1, 4)
+    for expected in (2, 3, 4):  # one more per answer up to the half the cut kept
         limit.release(limit.acquire(far), "ok")
-    assert 4.9 < limit.limit <= 5.0
-    r = limit.acquire(far)
-    limit.release(r, "refused")  # a later round: cut again
-    assert 2.4 < limit.limit <= 2.5
+        assert limit.limit == expected
+    limit.release(limit.acquire(far), "ok")
+    assert limit.limit == 4.25  # then about one more per round of answers
     for _ in range(200):
         limit.release(limit.acquire(far), "ok")
     assert limit.limit == 8  # never above the maximum
     for _ in range(10):
         limit.release(limit.acquire(far), "refused")
     assert limit.limit == 1  # nor below one
+
+
+def test_adaptive_limit_pauses_only_with_nothing_in_flight():
+    limit = AdaptiveLimit(4)
+    far = time.monotonic() + 60
+    a, b = limit.acquire(far), limit.acquire(far)
+    limit.release(a, "refused", pause_s=30.0)  # b is still at the server: its answer clocks us
+    limit.release(b, "ok")
+    start = time.monotonic()
+    assert limit.acquire(far) is not None and time.monotonic() - start < 1.0
+
+
+def test_adaptive_limit_does_not_sleep_a_pause_past_the_deadline():
+    limit = AdaptiveLimit(4)
+    limit.release(limit.acquire(time.monotonic() + 60), "refused", pause_s=30.0)
+    start = time.monotonic()
+    assert limit.acquire(start + 1.0) is None
+    assert time.monotonic() - start < 0.5  # known at once: not slept
 
 
 def test_adaptive_limit_sends_nothing_during_a_refusals_pause():
@@ -627,6 +672,36 @@ def test_failover_from_a_dead_replica():
         assert client.stats.failovers == 1  # after one failure the dead replica is tried last
         assert client.health()
     live.stop()
+
+
+def test_a_replica_sending_garbage_fails_over_to_another():
+    bad, good = FakeRetriever(), FakeRetriever()
+    bad.script = [("raw", b"<html>oops</html>")] * 5
+    try:
+        with RetrieverClient([bad.url, good.url], max_batch=1, max_concurrency=1, backoff=0.0,
+                             down_s=60) as client:
+            res = client.batch_fetch([FetchSpec("text", 1)] * 3, ["manual_v2"] * 3)
+            assert all(isinstance(r, RetrievedPage) for r in res)
+            assert client.stats.failovers == 1 and client.stats.snapshot()["failures"] == 0
+        assert len(bad.requests) == 1  # then tried last
+    finally:
+        bad.stop()
+        good.stop()
+
+
+def test_answers_are_decoded_after_the_window_slot_is_given_back(fake, monkeypatch):
+    seen = []
+    decode = retriever_client.decode_json
+
+    def recording_decode(data):
+        seen.append(client._limits[0].in_flight)
+        return decode(data)
+
+    monkeypatch.setattr(retriever_client, "decode_json", recording_decode)
+    with client_for(fake, max_batch=1, max_concurrency=1) as client:
+        res = client.batch_fetch([FetchSpec("text", 1)] * 3, ["manual_v2"] * 3)
+    assert all(isinstance(r, RetrievedPage) for r in res)
+    assert seen == [0, 0, 0]  # the server's work was done: the next request may go meanwhile
 
 
 def test_all_replicas_down_is_a_counted_failure_not_an_exception():
