@@ -418,7 +418,7 @@ class ClientStats:
             self.items = 0
             self.retries = 0
             self.overloaded = 0  # refusals (503/429 + Retry-After) received; each was retried
-            self.overload_wait_s = 0.0  # time chunks slept on Retry-After
+            self.overload_wait_s = 0.0  # time refused chunks waited (an answer, or the hint)
             self.failovers = 0  # chunks moved to another replica after a failure
             self.failures = {k: 0 for k in FAILURE_KINDS}  # failed items by kind
             self.latency_s = 0.0  # summed over calls, retries and backoff included
