@@ -47,26 +47,23 @@ class ServerMetrics:
                                      "Documents in the served index", registry=r)
         self.index_loads = Counter("vrag_retriever_index_loads",
                                    "Indexes loaded (start-up and each reload)", registry=r)
-        self._children: dict[tuple[str, int], tuple] = {}
-        self._refusal_children: dict[tuple[str, str], Counter] = {}
+        # Labelled children, looked up once: under a flood of refusals prometheus-client's label
+        # checks were a sixth of the cost of each refusal. Labels are bounded (known routes).
+        self._children: dict[tuple, object] = {}
+
+    def _child(self, metric, *labels: str):
+        key = (metric, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def observe(self, route: str, status: int, seconds: float) -> None:
-        # The labelled children are looked up once: under a flood of refusals, prometheus'
-        # label checks were a sixth of the cost of each refusal.
-        try:
-            count, latency = self._children[route, status]
-        except KeyError:
-            count, latency = self._children[route, status] = (
-                self.requests.labels(route, str(status)), self.latency.labels(route))
-        count.inc()
-        latency.observe(seconds)
+        self._child(self.requests, route, str(status)).inc()
+        self._child(self.latency, route).observe(seconds)
 
     def refused(self, route: str, reason: str) -> None:
-        try:
-            child = self._refusal_children[route, reason]
-        except KeyError:
-            child = self._refusal_children[route, reason] = self.refusals.labels(route, reason)
-        child.inc()
+        self._child(self.refusals, route, reason).inc()
 
     def index_loaded(self, version: str, path: str, backend: str, documents: int, pages: int) -> None:
         self.index_info.clear()  # exactly one index is "current"

@@ -178,6 +178,10 @@ class _RefusalAwareRetry(Retry):
 
 
 class Transport(Protocol):
+    """A transport may also offer ``send(path, body, timeout) -> bytes`` (the undecoded answer,
+    read by ``decode_json``), as ``HttpTransport`` does: the client then decodes outside the
+    window's slot."""
+
     def post(self, path: str, body: dict, timeout: float) -> Any: ...
 
     def get(self, path: str, timeout: float) -> Any: ...

@@ -786,6 +786,41 @@ def test_reward_function_gets_the_pages_shown_and_metrics_come_back(easyr1):
     assert metrics["agent/rollout/termination/eos"] == [1.0, 0.0]
 
 
+def test_patch_once_patches_an_own_attribute_once():
+    from vrag_rollout.integrations.easyr1.common import mark_patched, patch_once
+
+    class Base:
+        def run(self):
+            return "base"
+
+    class Child(Base):
+        def step(self):
+            return "step"
+
+    made = []
+
+    def wrap(original):
+        made.append(original)
+        return mark_patched(lambda self: "patched " + original(self), original)
+
+    assert patch_once(Child, "step", wrap) is True
+    assert patch_once(Child, "step", wrap) is False  # already ours: not wrapped twice
+    assert Child().step() == "patched step" and len(made) == 1
+    with pytest.raises(AttributeError, match="no run of its own"):
+        patch_once(Child, "run", wrap)  # inherited: not this class's to replace
+    assert Base().run() == "base"
+
+
+def test_fsdp_worker_without_the_image_hook_is_not_easyr1():
+    import types
+
+    from vrag_rollout.integrations.easyr1.rollout_adapter import patch_fsdp_workers
+
+    module = types.SimpleNamespace(vLLMRollout=object, FSDPWorker=type("FSDPWorker", (), {}))
+    with pytest.raises(glue.EasyR1NotAvailable, match="_process_multi_modal_inputs"):
+        patch_fsdp_workers(module, rollout=False)
+
+
 def test_setup_hook_patches_modules_when_first_imported(easyr1):
     assert "verl.workers.fsdp_workers" not in sys.modules
     glue.worker_setup_hook()

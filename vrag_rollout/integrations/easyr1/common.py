@@ -4,7 +4,7 @@ the importable module path Ray workers resolve, and how a patch marks what it re
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 AGENT_ROLLOUT_NAME = "vrag_agent"
 DEFAULT_AGENT_CLASS = "vrag_rollout:vLLMRolloutAgent"
@@ -33,3 +33,16 @@ def mark_patched(new: Any, original: Any) -> Any:
 
 def is_patched(obj: Any) -> bool:
     return hasattr(obj, PATCH_MARK)
+
+
+def patch_once(owner: Any, name: str, make: Callable[[Any], Any]) -> bool:
+    """Replace ``owner.<name>`` (its own attribute, never an inherited one) by ``make(current)``,
+    which must return a `mark_patched` object, unless an earlier call did already. True when this
+    call patched; AttributeError when the owner has no such attribute of its own."""
+    current = vars(owner).get(name)
+    if current is None:
+        raise AttributeError(f"{getattr(owner, '__name__', owner)!s} has no {name} of its own to patch")
+    if is_patched(current):
+        return False
+    setattr(owner, name, make(current))
+    return True

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Optional, Sequence
 
-from .common import DEFAULT_GENERATION_KEYS, GENERATION_KEYS_ENV, GENERATION_MARK, is_patched, mark_patched
+from .common import DEFAULT_GENERATION_KEYS, GENERATION_KEYS_ENV, GENERATION_MARK, mark_patched, patch_once
 
 
 def generation_keys() -> tuple:
@@ -43,9 +43,4 @@ def make_generation_pop(original: Callable, keys: Optional[Callable[[], Sequence
 
 
 def patch_protocol(module: Any) -> dict:
-    proto_cls = module.DataProto
-    current = proto_cls.__dict__["pop"]
-    done = {"generation_columns": not is_patched(current)}
-    if done["generation_columns"]:
-        proto_cls.pop = make_generation_pop(current)
-    return done
+    return {"generation_columns": patch_once(module.DataProto, "pop", make_generation_pop)}

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ...tool_turns import TOOLS, template_with_tools
-from .common import PROMPT_TOOLS_ENV, is_patched, mark_patched
+from .common import PROMPT_TOOLS_ENV, mark_patched, patch_once
 
 
 def prompt_tools_template() -> Optional[dict]:
@@ -54,18 +54,16 @@ def give_prompts_tools(tokenizer: Any, processor: Any, chat_template_path: Optio
 
 def patch_dataset(module: Any) -> dict:
     """Patch `verl.utils.dataset.RLHFDataset.__init__` (idempotent)."""
-    cls = module.RLHFDataset
-    if is_patched(cls.__init__):
-        return {"prompt_tools": False}
-    original = cls.__init__
-    signature = inspect.signature(original)
+    def with_tools(original):
+        signature = inspect.signature(original)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        setting = prompt_tools_template()
-        if setting is not None:
-            bound = signature.bind(self, *args, **kwargs).arguments
-            give_prompts_tools(bound.get("tokenizer"), bound.get("processor"), setting.get("chat_template"))
-        original(self, *args, **kwargs)
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            setting = prompt_tools_template()
+            if setting is not None:
+                bound = signature.bind(self, *args, **kwargs).arguments
+                give_prompts_tools(bound.get("tokenizer"), bound.get("processor"), setting.get("chat_template"))
+            original(self, *args, **kwargs)
 
-    cls.__init__ = mark_patched(__init__, original)
-    return {"prompt_tools": True}
+        return mark_patched(__init__, original)
+
+    return {"prompt_tools": patch_once(module.RLHFDataset, "__init__", with_tools)}

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Optional
 
-from .common import BASELINE_PAGES_COLUMN, METRICS_COLUMN, is_patched, mark_patched
+from .common import BASELINE_PAGES_COLUMN, METRICS_COLUMN, mark_patched, patch_once
 
 METRIC_PREFIX = "agent/"
 
@@ -136,9 +136,4 @@ def make_agent_reward(original: Callable) -> Callable:
 
 
 def patch_reward(module: Any) -> dict:
-    manager_cls = module.AutoRewardManager
-    current = manager_cls.__dict__["compute_reward"]
-    done = {"reward_view": not is_patched(current)}
-    if done["reward_view"]:
-        manager_cls.compute_reward = make_agent_reward(current)
-    return done
+    return {"reward_view": patch_once(module.AutoRewardManager, "compute_reward", make_agent_reward)}

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
 from ...config import AgentRolloutConfig
-from .common import AGENT_CLASS_ENV, AGENT_ROLLOUT_NAME, DEFAULT_AGENT_CLASS, METRICS_COLUMN, is_patched, mark_patched
+from .common import AGENT_CLASS_ENV, AGENT_ROLLOUT_NAME, DEFAULT_AGENT_CLASS, METRICS_COLUMN, mark_patched, patch_once
 from .estimators import is_remax_baseline, strip_baseline_output
 
 
@@ -192,21 +192,19 @@ def patch_fsdp_workers(module: Any, rollout: bool = True, multi_modal_cache: boo
     from .detect import EasyR1NotAvailable
     from .images import process_multi_modal_inputs_per_sample
 
+    def per_sample_cache(current):
+        def patched(self, data, _impl=process_multi_modal_inputs_per_sample):
+            return _impl(self, data)
+
+        return mark_patched(patched, current)
+
     done = {}
     if rollout:
-        current = module.vLLMRollout
-        done["rollout"] = not is_patched(current)
-        if done["rollout"]:
-            module.vLLMRollout = RolloutDispatcher(current)
+        done["rollout"] = patch_once(module, "vLLMRollout", RolloutDispatcher)
     if multi_modal_cache:
-        worker_cls = module.FSDPWorker
-        current = worker_cls.__dict__.get("_process_multi_modal_inputs")
-        if current is None:
-            raise EasyR1NotAvailable("this EasyR1 has no FSDPWorker._process_multi_modal_inputs")
-        done["multi_modal_cache"] = not is_patched(current)
-        if done["multi_modal_cache"]:
-            def patched(self, data, _impl=process_multi_modal_inputs_per_sample):
-                return _impl(self, data)
-
-            worker_cls._process_multi_modal_inputs = mark_patched(patched, current)
+        try:
+            done["multi_modal_cache"] = patch_once(module.FSDPWorker, "_process_multi_modal_inputs",
+                                                   per_sample_cache)
+        except AttributeError as exc:
+            raise EasyR1NotAvailable("this EasyR1 has no FSDPWorker._process_multi_modal_inputs") from exc
     return done
