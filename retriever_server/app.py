@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from .admission import AdmissionGate, AdmissionLimits, AdmissionMiddleware, ComputeThreads
 from .cache import DEFAULT_CACHE_BYTES
+from .contract import JSON, MSGPACK, prefers_msgpack
 from .lifecycle import VERSION_HEADER, IndexSlot, LoadedIndex
 from .limits import Limits
 from .metrics import ServerMetrics
@@ -27,7 +28,6 @@ from .schemas import (BatchFetchRequest, BatchSearchRequest, DocumentList, Fetch
 from .service import RequestError
 
 API_KEY_HEADER = "X-API-Key"
-_JSON = "application/json"
 # Routes that do the work and therefore pass admission control; the rest never queue.
 GATED_ROUTES = frozenset({"/batch_search", "/search", "/batch_fetch", "/fetch"})
 _KNOWN_ROUTES = GATED_ROUTES | {"/health", "/ready", "/metrics", "/documents", "/admin/reload"}
@@ -66,23 +66,25 @@ def _api_key_dependency(api_key: str | None) -> Callable:
     return check
 
 
-def _answer(loaded: LoadedIndex, make: Callable[[], bytes]) -> Response:
-    # The header names the index that produced this answer (it may change on a live reload).
-    headers = {VERSION_HEADER: loaded.version}
+def _answer(loaded: LoadedIndex, form: str, make: Callable[[], bytes]) -> Response:
+    # The header names the index that produced this answer (it may change on a live reload);
+    # Vary: the same URL answers JSON or MessagePack by the request's Accept.
+    headers = {VERSION_HEADER: loaded.version, "Vary": "Accept"}
     try:
-        return Response(make(), media_type=_JSON, headers=headers)
+        return Response(make(), media_type=form, headers=headers)
     except RequestError as exc:
         return JSONResponse({"detail": str(exc)}, status_code=422, headers=headers)
 
 
 def create_app(source, *, api_key: str | None = None, limits: Limits | None = None,
-               cache_bytes: int = DEFAULT_CACHE_BYTES, preload: bool = False,
+               cache_bytes: int = DEFAULT_CACHE_BYTES, preload: bool | str = False,
                admission: AdmissionLimits | None = None,
                follow_index_s: float | None = None) -> FastAPI:
     """The retriever app over an index dir, a ``PageStore`` or any ``Backend``.
 
     ``api_key``: require ``X-API-Key`` on every route but /health and /ready. ``preload``: read
-    every page into the image cache now instead of on first use. ``admission``: how much work
+    every page into the image cache now instead of on first use (True: in the form the rollout
+    client asks for; ``"json"`` or ``"msgpack"``: in that form). ``admission``: how much work
     may run and wait at once (see ``admission.AdmissionLimits``). ``follow_index_s``: notice a
     re-index of the served path within about that many seconds and reload by itself
     (``lifecycle.IndexSlot``); default: only ``POST /admin/reload`` switches indexes.
@@ -103,7 +105,9 @@ def create_app(source, *, api_key: str | None = None, limits: Limits | None = No
     # strict_content_type=False: a JSON body is read as JSON even without the header (curl -d).
     app = FastAPI(title="vrag-retriever", version="1", strict_content_type=False,
                   description="Page-image retriever: search inside one document, fetch a page. "
-                              "Page ids are `<doc_id>_<page>` with 1-based pages.")
+                              "Page ids are `<doc_id>_<page>` with 1-based pages. Answers are "
+                              "JSON (images as base64 text), or MessagePack with each image's "
+                              "JPEG bytes as a `bin` when `Accept` prefers `application/msgpack`.")
     app.state.index = slot
     app.state.gate = gate
     app.state.metrics = metrics
@@ -161,35 +165,38 @@ def create_app(source, *, api_key: str | None = None, limits: Limits | None = No
         return DocumentList(documents=[{"doc_id": d, "num_pages": n}
                                        for d, n in slot.current.service.documents.items()])
 
-    async def answer(make: Callable[[LoadedIndex], bytes]) -> Response:
+    async def answer(request: Request, make: Callable[[LoadedIndex, str], bytes]) -> Response:
         # The slot is read once per request, so a live reload never mixes two indexes in one
         # answer; the work runs in ``compute``'s few threads, keeping the event loop free.
         loaded = slot.follow()
-        return await compute.run(lambda: _answer(loaded, lambda: make(loaded)))
+        form = MSGPACK if prefers_msgpack(request.headers.get("accept")) else JSON
+        return await compute.run(lambda: _answer(loaded, form, lambda: make(loaded, form)))
 
     @app.post("/batch_search", response_class=Response, dependencies=auth,
               responses={200: {"model": list[list[Item]], "description": "one list per query"},
                          **problems})
-    async def batch_search(req: BatchSearchRequest) -> Response:
-        return await answer(lambda index: index.service.batch_search(req.query, req.id, req.top_n,
-                                                                     req.return_score))
+    async def batch_search(req: BatchSearchRequest, request: Request) -> Response:
+        return await answer(request, lambda index, form: index.service.batch_search(
+            req.query, req.id, req.top_n, req.return_score, form))
 
     @app.post("/search", response_class=Response, dependencies=auth,
               responses={200: {"model": list[Item], "description": "hits, best first"}, **problems})
-    async def search(req: SearchRequest) -> Response:
-        return await answer(lambda index: index.service.search(req.query, req.id, req.top_n,
-                                                               req.return_score))
+    async def search(req: SearchRequest, request: Request) -> Response:
+        return await answer(request, lambda index, form: index.service.search(
+            req.query, req.id, req.top_n, req.return_score, form))
 
     @app.post("/batch_fetch", response_class=Response, dependencies=auth,
               responses={200: {"model": list[Item], "description": "one item per fetch"},
                          **problems})
-    async def batch_fetch(req: BatchFetchRequest) -> Response:
-        return await answer(lambda index: index.service.batch_fetch(req.query, req.id))
+    async def batch_fetch(req: BatchFetchRequest, request: Request) -> Response:
+        return await answer(request, lambda index, form: index.service.batch_fetch(
+            req.query, req.id, form))
 
     @app.post("/fetch", response_class=Response, dependencies=auth,
               responses={200: {"model": list[Item], "description": "one item"}, **problems})
-    async def fetch(req: FetchRequest) -> Response:
+    async def fetch(req: FetchRequest, request: Request) -> Response:
         # ALDEN's single-page fetch; same items as /batch_fetch.
-        return await answer(lambda index: index.service.batch_fetch([req.query], [req.id]))
+        return await answer(request, lambda index, form: index.service.batch_fetch(
+            [req.query], [req.id], form))
 
     return app

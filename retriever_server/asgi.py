@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from .admission import AdmissionLimits
 from .app import create_app
+from .cache import PRELOAD_FORMS
 
 ENV_INDEX = "VRAG_RETRIEVER_INDEX"
 ENV_API_KEY = "VRAG_RETRIEVER_API_KEY"
@@ -43,13 +44,18 @@ def _optional_float(value) -> float | None:
 SWITCH_INTERVAL_S = 0.001
 
 
+def _preload_from_env(value: str) -> bool | str:
+    # "0": no preload; "1" (older launchers): the default form; else a form's name.
+    return value == "1" or (value if value in PRELOAD_FORMS else False)
+
+
 def app_from_env() -> FastAPI:
     index = os.environ.get(ENV_INDEX)
     if not index:
         raise RuntimeError(f"set {ENV_INDEX} to an index directory")
     sys.setswitchinterval(SWITCH_INTERVAL_S)  # this process only serves
     app = create_app(index, api_key=os.environ.get(ENV_API_KEY) or None,
-                     preload=os.environ.get(ENV_PRELOAD, "0") == "1",
+                     preload=_preload_from_env(os.environ.get(ENV_PRELOAD, "0")),
                      admission=admission_from_env(),
                      follow_index_s=float(os.environ.get(ENV_FOLLOW, "0")) or None)
     # What exists now (libraries, the loaded index) lives as long as the process: frozen, the

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .admission import AdmissionLimits
+from .cache import PRELOAD_FORMS
 from .imaging import DEFAULT_DPI, DEFAULT_JPEG_QUALITY, DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
 
 
@@ -68,7 +69,7 @@ def _cmd_serve(args) -> int:
     if args.encoder:  # the worker processes check it again when they open the index
         os.environ[ENV_ENCODER] = args.encoder
     os.environ[asgi.ENV_INDEX] = str(Path(args.index).absolute())
-    os.environ[asgi.ENV_PRELOAD] = "1" if args.preload else "0"
+    os.environ[asgi.ENV_PRELOAD] = args.preload or "0"
     os.environ[asgi.ENV_MAX_IN_FLIGHT] = str(args.max_in_flight)
     os.environ[asgi.ENV_MAX_QUEUE] = str(args.max_queue)
     os.environ[asgi.ENV_MAX_WAIT] = str(args.max_wait)
@@ -126,7 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-public-without-key", dest="allow_public", action="store_true",
                    help="bind a non-loopback host without an API key")
     p.add_argument("--workers", type=int, default=1, help="server processes")
-    p.add_argument("--preload", action="store_true", help="load every page image at start-up")
+    p.add_argument("--preload", nargs="?", const="msgpack", default=None,
+                   choices=sorted(PRELOAD_FORMS),
+                   help="load every page image at start-up, in the form its clients ask for: "
+                        "msgpack (the default: this project's rollout client) or json (base64, "
+                        "e.g. ALDEN's clients); a page asked for in the other form gains it")
     p.add_argument("--encoder", default=None, metavar="NAME:PATH",
                    help="the dense encoder's checkpoint, when not where the index recorded it; "
                         "must be the checkpoint the index was built with")

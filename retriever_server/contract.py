@@ -16,6 +16,10 @@ nothing of either package).
   batch; `code` says whose mistake it was. `REQUEST_CODES` are the asker's (a page the document
   does not have, an unreadable fetch): for an agent, the policy's mistake, not a retriever fault.
   Items from older servers carry no code and count as `UNREADABLE` (a server fault).
+- Answer formats: JSON (the default, ALDEN's: image ``contents`` are base64 text) or, for a
+  request whose ``Accept`` prefers `MSGPACK`, the same values in MessagePack with each image's
+  ``contents`` the JPEG bytes themselves (a ``bin``), a quarter smaller and nothing to decode.
+  Text contents and error reasons are strings in both. The answer's ``Content-Type`` says which.
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ from typing import Optional
 
 ERROR_ID = "error"
 RETRY_AFTER_MS = "Retry-After-Ms"  # header of a refusal: the predicted wait, in milliseconds
+JSON = "application/json"
+MSGPACK = "application/msgpack"
+# Spellings of MessagePack's media type in use (the registered one is application/vnd.msgpack).
+MSGPACK_TYPES = frozenset({MSGPACK, "application/x-msgpack", "application/vnd.msgpack"})
 MODALITIES = ("image", "text")
 
 # Error codes.
@@ -69,3 +77,35 @@ def parse_fetch_spec(text: str) -> Optional[tuple[str, int]]:
 def error_fields(reason: str, code: str) -> dict:
     """The JSON object of an error item."""
     return {"id": ERROR_ID, "contents": reason, "code": code}
+
+
+def _accept_q(param_text: str) -> float:
+    for param in param_text.split(";"):
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "q":
+            try:
+                q = float(value)
+            except ValueError:
+                return 0.0
+            return q if 0.0 <= q <= 1.0 else 0.0
+    return 1.0
+
+
+def prefers_msgpack(accept: Optional[str]) -> bool:
+    """Whether an ``Accept`` header asks for MessagePack at least as much as for JSON
+    (``*/*`` and ``application/*`` count for JSON; a missing header means JSON)."""
+    best_msgpack, best_json = 0.0, 0.0
+    for entry in (accept or "").split(","):
+        media, _, params = entry.partition(";")
+        media = media.strip().lower()
+        q = _accept_q(params)
+        if media in MSGPACK_TYPES:
+            best_msgpack = max(best_msgpack, q)
+        elif media in (JSON, "application/*", "*/*"):
+            best_json = max(best_json, q)
+    return best_msgpack > 0.0 and best_msgpack >= best_json
+
+
+def is_msgpack(content_type: Optional[str]) -> bool:
+    """Whether an answer's ``Content-Type`` names MessagePack."""
+    return (content_type or "").partition(";")[0].strip().lower() in MSGPACK_TYPES

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .backends import Backend, open_backend
 from .backends.bm25 import Bm25Backend
-from .cache import FragmentCache
+from .cache import PRELOAD_FORMS, FragmentCache
 from .limits import Limits
 from .service import RetrieverService
 from .store import PageStore
@@ -76,7 +76,7 @@ class IndexSlot:
     starts a reload in the background; that request and those until the switch are still
     answered from the loaded index. This is how every ``--workers`` process picks up a re-index."""
 
-    def __init__(self, source, *, limits: Limits, cache_bytes: int, preload: bool,
+    def __init__(self, source, *, limits: Limits, cache_bytes: int, preload: bool | str,
                  on_load: Callable[[LoadedIndex], None] = lambda loaded: None,
                  follow_s: float | None = None):
         self._limits, self._cache_bytes, self._preload = limits, cache_bytes, preload
@@ -114,8 +114,8 @@ class IndexSlot:
     def _load(self, source) -> LoadedIndex:
         backend, path = _as_backend(source)
         cache = FragmentCache(backend, self._cache_bytes)
-        if self._preload:
-            cache.warm()
+        if self._preload:  # True: the rollout client's form; else a key of PRELOAD_FORMS
+            cache.warm(PRELOAD_FORMS["msgpack" if self._preload is True else self._preload])
         service = RetrieverService(backend, cache, self._limits)
         docs = service.documents
         store = getattr(backend, "store", None)

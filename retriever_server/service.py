@@ -1,4 +1,5 @@
-"""The retriever's request handling, without HTTP: validate, search or fetch, assemble JSON bytes.
+"""The retriever's request handling, without HTTP: validate, search or fetch, render the answer's
+bytes in the negotiated format (``contract.JSON`` or ``contract.MSGPACK``, see ``wire``).
 
 ``RequestError`` marks a request-level problem (the app answers 422); item-level problems become
 ``{"id": "error", "contents": reason}`` items inside an otherwise normal answer.
@@ -76,65 +77,49 @@ class RetrieverService:
         except Exception as exc:  # noqa: BLE001 - reported to the caller as an item error
             return f"search failed: {type(exc).__name__}", contract.UNREADABLE
 
-    def _hits_parts(self, hits: list[Hit] | tuple[str, str], with_score: bool, parts: list[bytes]) -> None:
+    def _hits_node(self, hits: list[Hit] | tuple[str, str], with_score: bool, form: str) -> list:
         if not isinstance(hits, tuple):
             try:
-                fragments = [self.cache.get(hit.doc_id, hit.page) for hit in hits]
+                return [wire.Hit(self.cache.get(hit.doc_id, hit.page, form),
+                                 hit.score if with_score else None) for hit in hits]
             except (KeyError, IndexError, OSError) as exc:
                 hits = (_unreadable(exc), contract.UNREADABLE)
-        if isinstance(hits, tuple):
-            parts += [b"[", wire.error_item(*hits), b"]"]
-            return
-        parts.append(b"[")
-        for j, (hit, fragment) in enumerate(zip(hits, fragments, strict=True)):
-            if j:
-                parts.append(b",")
-            parts += wire.hit_parts(fragment, hit.score if with_score else None)
-        parts.append(b"]")
+        return [wire.error_item(*hits)]
 
     def batch_search(self, queries: list[str], ids: list[str] | str, top_n: int,
-                     return_score: bool) -> bytes:
+                     return_score: bool, form: str = contract.JSON) -> bytes:
         doc_ids = self.doc_ids_for(ids, len(queries))
         self.check_top_n(top_n)
-        parts = [b"["]
-        for i, hits in enumerate(self.search_items(queries, doc_ids, top_n)):
-            if i:
-                parts.append(b",")
-            self._hits_parts(hits, return_score, parts)
-        parts.append(b"]")
-        return b"".join(parts)
+        return wire.render([self._hits_node(hits, return_score, form)
+                            for hits in self.search_items(queries, doc_ids, top_n)], form)
 
-    def search(self, query: str, doc_id: str, top_n: int, return_score: bool) -> bytes:
+    def search(self, query: str, doc_id: str, top_n: int, return_score: bool,
+               form: str = contract.JSON) -> bytes:
         self.check_top_n(top_n)
-        parts: list[bytes] = []
-        self._hits_parts(self.search_items([query], [doc_id], top_n)[0], return_score, parts)
-        return b"".join(parts)
+        return wire.render(self._hits_node(self.search_items([query], [doc_id], top_n)[0],
+                                           return_score, form), form)
 
     # -- fetch -----------------------------------------------------------------------------
-    def _fetch_parts(self, spec: str, doc_id: str) -> list[bytes]:
+    def _fetch_node(self, spec: str, doc_id: str, form: str) -> wire.Node:
         parsed = parse_fetch_spec(spec) if len(spec) <= self.limits.max_query_chars else None
         if parsed is None:
-            return [wire.error_item(fetch_spec_problem(spec), contract.MALFORMED_FETCH)]
+            return wire.error_item(fetch_spec_problem(spec), contract.MALFORMED_FETCH)
         modality, page = parsed
         if problem := doc_problem(doc_id, self.documents):
-            return [wire.error_item(problem, contract.UNKNOWN_DOCUMENT)]
+            return wire.error_item(problem, contract.UNKNOWN_DOCUMENT)
         if problem := page_problem(doc_id, page, self.documents):
-            return [wire.error_item(problem, contract.PAGE_OUT_OF_RANGE)]
+            return wire.error_item(problem, contract.PAGE_OUT_OF_RANGE)
         spec_id = contract.fetch_spec(modality, page)
         try:
             if modality == "text":
-                return [wire.item_json(spec_id, self.backend.page_text(doc_id, page),
-                                       doc_id=doc_id, page=page, mime="text/plain")]
-            return wire.image_fetch_parts(spec_id, self.cache.get(doc_id, page))
+                return wire.text_item(spec_id, self.backend.page_text(doc_id, page),
+                                      doc_id=doc_id, page=page, mime="text/plain")
+            return wire.ImageFetch(spec_id, self.cache.get(doc_id, page, form))
         except (KeyError, IndexError, OSError) as exc:
-            return [wire.error_item(_unreadable(exc))]
+            return wire.error_item(_unreadable(exc))
 
-    def batch_fetch(self, specs: list[str], ids: list[str] | str) -> bytes:
+    def batch_fetch(self, specs: list[str], ids: list[str] | str,
+                    form: str = contract.JSON) -> bytes:
         doc_ids = self.doc_ids_for(ids, len(specs))
-        parts = [b"["]
-        for i, (spec, doc_id) in enumerate(zip(specs, doc_ids, strict=True)):
-            if i:
-                parts.append(b",")
-            parts += self._fetch_parts(spec, doc_id)
-        parts.append(b"]")
-        return b"".join(parts)
+        return wire.render([self._fetch_node(spec, doc_id, form)
+                            for spec, doc_id in zip(specs, doc_ids, strict=True)], form)

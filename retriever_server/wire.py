@@ -1,8 +1,14 @@
-"""JSON bytes of the wire format, assembled from pre-serialised fragments.
+"""The wire format's bytes, JSON or MessagePack, rendered from one answer tree.
 
-A search answer is mostly base64 image data that never changes, so each page's JSON is kept as
-ready bytes (``PageFragment``) and a response is one ``b"".join``: no per-request encoding of
-images and no JSON serialisation of megabytes of strings.
+The service builds an answer as a tree of lists whose leaves are `Hit` (a search hit),
+`ImageFetch` (an image fetch) or a plain dict (a text page, an error item); `render` writes it
+in the negotiated format (``contract.JSON`` or ``contract.MSGPACK``) with the same values.
+
+An answer is mostly page images that never change, so each page is a `PageFragment`: its fields,
+and its image in the forms asked for so far, the base64 text inside ready JSON framing (a
+JSON answer is one ``b"".join``: no per-request encoding of megabytes of strings) and the JPEG
+bytes for MessagePack (one copy into the answer). A form is derived from the other on first
+use, through `FragmentCache`, which counts its bytes.
 """
 
 from __future__ import annotations
@@ -11,70 +17,150 @@ import base64
 import json
 import math
 from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+import msgspec
 
 from . import contract
 
-
 page_id = contract.page_id  # VRAG's page naming: ``<doc>_<page>``, page 1-based
+FORMS = (contract.JSON, contract.MSGPACK)
 
 
 def _s(value: str) -> bytes:
     return json.dumps(value).encode("ascii")
 
 
-@dataclass(frozen=True)
 class PageFragment:
-    """A page's search-hit object without its closing brace: head + b64 + tail."""
+    """One page, ready to serve: ``fields`` (every item field but ``id`` and ``contents``) and
+    the image as base64 (``b64``, for JSON) and/or JPEG bytes (``jpeg``, for MessagePack).
+    Holds at least one of the two; `with_form` adds the other."""
 
-    head: bytes
-    b64: bytes
-    tail: bytes
+    __slots__ = ("page_id", "fields", "json_head", "json_tail", "b64", "jpeg")
+
+    def __init__(self, doc_id: str, page: int, *, jpeg: Optional[bytes] = None,
+                 b64: Optional[bytes] = None, mime: str = "image/jpeg", extra: dict | None = None):
+        if jpeg is None and b64 is None:
+            raise ValueError("a page fragment needs its image as JPEG bytes or base64")
+        self.page_id = page_id(doc_id, page)
+        self.fields = {"doc_id": doc_id, "page": page, "mime": mime, **(extra or {})}
+        self.json_head = b'{"id":' + _s(self.page_id) + b',"contents":"'
+        self.json_tail = b'",' + json.dumps(self.fields, separators=(",", ":")).encode("ascii")[1:-1]
+        self.jpeg, self.b64 = jpeg, b64
+
+    def has(self, form: str) -> bool:
+        return (self.b64 if form == contract.JSON else self.jpeg) is not None
+
+    def derive(self, form: str) -> bytes:
+        """The image in ``form`` from the form it has (not stored: see `FragmentCache`)."""
+        if form == contract.JSON:
+            return self.b64 if self.b64 is not None else base64.b64encode(self.jpeg)
+        return self.jpeg if self.jpeg is not None else base64.b64decode(self.b64)
+
+    def adopt(self, form: str, image: bytes) -> int:
+        """Keep ``image`` (from `derive`) as the ``form``; the bytes added (0 if it had it)."""
+        if self.has(form):
+            return 0
+        if form == contract.JSON:
+            self.b64 = image
+        else:
+            self.jpeg = image
+        return len(image)
 
     @property
     def nbytes(self) -> int:
-        return len(self.head) + len(self.b64) + len(self.tail)
+        return (len(self.json_head) + len(self.json_tail) + len(self.b64 or b"")
+                + len(self.jpeg or b""))
 
 
 def make_fragment(doc_id: str, page: int, jpeg: bytes, mime: str = "image/jpeg",
-                  extra: dict | None = None) -> PageFragment:
-    """``extra``: optional page fields (e.g. ``role``, ``headings``) appended after ``mime``."""
-    head = b'{"id":' + _s(page_id(doc_id, page)) + b',"contents":"'
-    tail = b'","doc_id":' + _s(doc_id) + b',"page":' + str(page).encode() + b',"mime":' + _s(mime)
-    for key, value in (extra or {}).items():
-        tail += b"," + _s(key) + b":" + json.dumps(value).encode("ascii")
-    return PageFragment(head, base64.b64encode(jpeg), tail)
+                  extra: dict | None = None, form: str = contract.JSON) -> PageFragment:
+    """A fragment holding the image in ``form`` only; ``extra``: optional page fields (e.g.
+    ``role``, ``headings``) after ``mime``."""
+    if form == contract.JSON:
+        return PageFragment(doc_id, page, b64=base64.b64encode(jpeg), mime=mime, extra=extra)
+    return PageFragment(doc_id, page, jpeg=jpeg, mime=mime, extra=extra)
 
 
-def _score(score: float) -> bytes:
-    return json.dumps(score if math.isfinite(score) else 0.0).encode()
+@dataclass(frozen=True)
+class Hit:
+    """A search hit: the page's item, with ``score`` when one was asked for."""
+
+    fragment: PageFragment
+    score: Optional[float] = None
 
 
-def hit_parts(fragment: PageFragment, score: float | None) -> list[bytes]:
-    if score is None:
-        return [fragment.head, fragment.b64, fragment.tail, b"}"]
-    return [fragment.head, fragment.b64, fragment.tail, b',"score":', _score(score), b"}"]
+@dataclass(frozen=True)
+class ImageFetch:
+    """An image fetch: the page's item under the fetch spec's id (e.g. ``"image, 3"``)."""
+
+    spec_id: str
+    fragment: PageFragment
 
 
-def image_fetch_parts(spec_id: str, fragment: PageFragment) -> list[bytes]:
-    """A fetch answer ``{"id": "image, 3", "contents": b64, ...}`` sharing the cached base64."""
-    return [b'{"id":', _s(spec_id), b',"contents":"', fragment.b64, fragment.tail, b"}"]
+Node = Union[Hit, ImageFetch, dict, list]
 
 
-def item_json(item_id: str, contents: str, **extra) -> bytes:
-    return json.dumps({"id": item_id, "contents": contents, **extra}).encode("ascii")
+def _finite(score: float) -> float:
+    return score if math.isfinite(score) else 0.0
 
 
-def error_item(reason: str, code: str = contract.UNREADABLE) -> bytes:
+def text_item(item_id: str, contents: str, **extra: Any) -> dict:
+    return {"id": item_id, "contents": contents, **extra}
+
+
+def error_item(reason: str, code: str = contract.UNREADABLE) -> dict:
     """``{"id": "error", "contents": reason, "code": code}`` (codes in ``contract``)."""
-    return json.dumps(contract.error_fields(reason, code)).encode("ascii")
+    return contract.error_fields(reason, code)
 
 
-def json_list(items: list[bytes]) -> list[bytes]:
-    """Parts of ``[item, item, ...]``."""
-    parts = [b"["]
-    for i, item in enumerate(items):
-        if i:
-            parts.append(b",")
-        parts.append(item)
-    parts.append(b"]")
-    return parts
+# --------------------------------------------------------------------------- JSON
+
+
+def _json_parts(node: Node, parts: list[bytes]) -> None:
+    if isinstance(node, list):
+        parts.append(b"[")
+        for i, child in enumerate(node):
+            if i:
+                parts.append(b",")
+            _json_parts(child, parts)
+        parts.append(b"]")
+    elif isinstance(node, Hit):
+        f = node.fragment
+        parts += [f.json_head, f.b64, f.json_tail]
+        if node.score is not None:
+            parts += [b',"score":', json.dumps(_finite(node.score)).encode()]
+        parts.append(b"}")
+    elif isinstance(node, ImageFetch):
+        f = node.fragment
+        parts += [b'{"id":', _s(node.spec_id), b',"contents":"', f.b64, f.json_tail, b"}"]
+    else:
+        parts.append(json.dumps(node).encode("ascii"))
+
+
+# --------------------------------------------------------------------------- MessagePack
+
+_msgpack = msgspec.msgpack.Encoder()
+
+
+def _plain(node: Node) -> Any:
+    if isinstance(node, list):
+        return [_plain(child) for child in node]
+    if isinstance(node, Hit):
+        f = node.fragment
+        item = {"id": f.page_id, "contents": f.jpeg, **f.fields}
+        if node.score is not None:
+            item["score"] = _finite(node.score)
+        return item
+    if isinstance(node, ImageFetch):
+        return {"id": node.spec_id, "contents": node.fragment.jpeg, **node.fragment.fields}
+    return node
+
+
+def render(tree: Node, form: str = contract.JSON) -> bytes:
+    """The answer's bytes in ``form``; its fragments must hold that form (`FragmentCache.get`)."""
+    if form == contract.MSGPACK:
+        return _msgpack.encode(_plain(tree))
+    parts: list[bytes] = []
+    _json_parts(tree, parts)
+    return b"".join(parts)

@@ -64,6 +64,8 @@ TARGET_CLIENT_FACTOR = 1.3
 TARGET_SCALING = 1.6
 REQUEST_TIMEOUT_S = 30.0
 CLIENT_PHASE_LIMIT_S = 180.0  # the client phases stop here even on a starved machine
+# --wire: the answer format every phase asks for (Accept), and the server's preload form.
+WIRES = {"msgpack": "application/msgpack, application/json;q=0.5", "json": "application/json"}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -76,9 +78,11 @@ def _pct(values: list[float], q: float) -> float:
 # --------------------------------------------------------------------------- raw HTTP load
 
 
-def _request_bytes(body: bytes) -> bytes:
+def request_bytes(body: bytes, accept: str) -> bytes:
+    """A whole ``/batch_search`` request asking for ``accept`` (the answer format)."""
     return (b"POST /batch_search HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            b"Accept: " + accept.encode() + b"\r\nContent-Length: " + str(len(body)).encode()
+            + b"\r\n\r\n" + body)
 
 
 class _Conn(asyncio.Protocol):
@@ -156,11 +160,10 @@ class _Pool:
             return result
 
 
-async def _load(ports: list[int], bodies: list[bytes], *, concurrency: int = 0, rate: float = 0.0,
+async def _load(ports: list[int], requests: list[bytes], *, concurrency: int = 0, rate: float = 0.0,
                 seconds: float) -> dict:
     """Closed loop (``concurrency`` connections) or open loop (``rate`` requests/s)."""
     pools = [_Pool(p) for p in ports]
-    requests = [_request_bytes(b) for b in bodies]
     out = {"answered": [], "refused": 0, "errors": [], "sent": 0}
     counter = [0]
 
@@ -281,9 +284,9 @@ class Placement:
             os.sched_setaffinity(0, cls.load)
 
 
-def run_load(ports: list[int], bodies: list[bytes], **kwargs) -> dict:
+def run_load(ports: list[int], requests: list[bytes], **kwargs) -> dict:
     queue = _CTX.Queue()
-    proc = _CTX.Process(target=_load_process, args=(queue, ports, bodies), kwargs=kwargs)
+    proc = _CTX.Process(target=_load_process, args=(queue, ports, requests), kwargs=kwargs)
     proc.start()
     result = queue.get(timeout=kwargs["seconds"] + 3 * REQUEST_TIMEOUT_S)
     proc.join(timeout=30)
@@ -294,20 +297,20 @@ def run_load(ports: list[int], bodies: list[bytes], **kwargs) -> dict:
 
 
 def _client_process(queue, url: str, queries, doc_ids, expect, top_n: int, batch: int,
-                    concurrency: int, turn: int, ready) -> None:
+                    concurrency: int, turn: int, binary: bool, ready) -> None:
     from vrag_rollout.retriever_client import RetrieverClient
 
     Placement.pin_load()
     ok = right = 0
     kinds: set[str] = set()
     with RetrieverClient(url, max_batch=batch, max_concurrency=concurrency, timeout=REQUEST_TIMEOUT_S,
-                         overload_budget_s=120.0) as client:
+                         overload_budget_s=120.0, binary=binary) as client:
         ready.wait(timeout=120)  # every process starts sending at once, set up and warm
         start = time.monotonic()
         cpu = time.process_time()
         for lo in range(0, len(queries), turn):
             # One turn's searches; its pages are dropped once checked, as a rollout drops the
-            # base64 once the images are decoded (kept, 4000 answers are 3.6 GB of fresh
+            # encoded pages once the images are decoded (kept, 4000 answers are 3.6 GB of fresh
             # memory that no rollout holds).
             results = client.batch_search(queries[lo:lo + turn], doc_ids[lo:lo + turn], top_n)
             for r, e in zip(results, expect[lo:lo + turn]):
@@ -326,7 +329,7 @@ def _client_process(queue, url: str, queries, doc_ids, expect, top_n: int, batch
 
 
 def run_client_burst(url: str, workload: list[tuple[str, str, str]], top_n: int, batch: int,
-                     processes: int, concurrency: int, turn: int) -> dict:
+                     processes: int, concurrency: int, turn: int, binary: bool) -> dict:
     # Imported before the processes fork: the client's package imports torch (seconds), which a
     # rollout worker pays once at start-up, not per burst. CLOCK_MONOTONIC is one clock for all
     # processes, so the burst's time is the last end minus the first start.
@@ -339,7 +342,7 @@ def run_client_burst(url: str, workload: list[tuple[str, str, str]], top_n: int,
         part = workload[k::processes]
         procs.append(_CTX.Process(target=_client_process, args=(
             queue, url, [q for q, _, _ in part], [d for _, d, _ in part], [e for _, _, e in part],
-            top_n, batch, concurrency, turn, ready)))
+            top_n, batch, concurrency, turn, binary, ready)))
     for p in procs:
         p.start()
     results, deadline = [], time.monotonic() + CLIENT_PHASE_LIMIT_S
@@ -400,7 +403,7 @@ def serving(index: Path, replicas: int = 1, workers: int = 1, extra: tuple[str, 
         for port in ports:
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "retriever_server.cli", "serve", "--index", str(index),
-                 "--port", str(port), "--workers", str(workers), "--preload",
+                 "--port", str(port), "--workers", str(workers),
                  "--log-level", "warning", *extra], env=env,
                 preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus)))
         for port, proc in zip(ports, procs):
@@ -417,9 +420,13 @@ def serving(index: Path, replicas: int = 1, workers: int = 1, extra: tuple[str, 
                 proc.wait()
 
 
-def sustained(ports: list[int], bodies: list[bytes], concurrency: int, seconds: float) -> dict:
-    run_load(ports, bodies, concurrency=concurrency, seconds=1.0)  # warm-up
-    res = run_load(ports, bodies, concurrency=concurrency, seconds=seconds)
+def sustained(ports: list[int], requests: list[bytes], concurrency: int, seconds: float,
+              pid: int | None = None) -> dict:
+    """Closed-loop rate after a warm-up; with ``pid``, that server's CPU seconds in the run."""
+    run_load(ports, requests, concurrency=concurrency, seconds=1.0)  # warm-up
+    cpu = cpu_seconds(pid) if pid is not None else float("nan")
+    res = run_load(ports, requests, concurrency=concurrency, seconds=seconds)
+    res["server_cpu"] = cpu_seconds(pid) - cpu if pid is not None else float("nan")
     res["rate"] = len(res["answered"]) / res["elapsed"]
     return res
 
@@ -452,11 +459,15 @@ def main() -> int:
                     help="serve --max-wait (default: the server's own default)")
     ap.add_argument("--serve-args", default="", help="more `serve` options, e.g. '--max-in-flight 4'")
     ap.add_argument("--skip-scaling", action="store_true", help="skip the 2-worker/2-replica runs")
+    ap.add_argument("--wire", choices=sorted(WIRES), default="msgpack",
+                    help="the answer format every phase asks for: msgpack (default, what the "
+                         "rollout client asks for: images as bytes) or json (base64)")
     args = ap.parse_args()
     if args.cpus == "split" and not Placement.split():
         print("one CPU: --cpus shared")
         args.cpus = "shared"
-    args.extra = (*(("--max-wait", str(args.max_wait)) if args.max_wait is not None else ()),
+    args.extra = ("--preload", args.wire,
+                  *(("--max-wait", str(args.max_wait)) if args.max_wait is not None else ()),
                   *args.serve_args.split())
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-overload-"))
@@ -485,12 +496,13 @@ def bench(args, index: Path, page_words: dict) -> int:
     for _ in range(4096):
         d, p = rng.choice(keys)
         workload.append((" ".join(rng.sample(page_words[(d, p)], 2)), d, f"{d}_{p}"))
-    bodies = []
+    requests = []
     for i in range(256):
         chunk = workload[i * args.batch:(i + 1) * args.batch]
-        bodies.append(json.dumps({"query": [q for q, _, _ in chunk], "id": [d for _, d, _ in chunk],
-                                  "top_n": args.top_n}).encode())
-    print(f"server: serve --preload {' '.join(args.extra)}")
+        requests.append(request_bytes(json.dumps({"query": [q for q, _, _ in chunk],
+                                                  "id": [d for _, d, _ in chunk],
+                                                  "top_n": args.top_n}).encode(), WIRES[args.wire]))
+    print(f"server: serve {' '.join(args.extra)}; answers in {args.wire} ({WIRES[args.wire]})")
     print(f"requests: {args.batch} queries x top_n={args.top_n}; {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f} at start")
     if args.cpus == "split":
@@ -500,21 +512,22 @@ def bench(args, index: Path, page_words: dict) -> int:
         print("CPUs: shared by the server, the load generator, the prober and the clients")
 
     with serving(index, extra=args.extra, cpus=Placement.server) as (ports, pids):
-        unloaded = sustained(ports, bodies, 1, args.measure_s)
+        unloaded = sustained(ports, requests, 1, args.measure_s)
         base_p99 = _pct(unloaded["answered"], 0.99)
         print(f"unloaded (1 connection): p50 {1000 * _pct(unloaded['answered'], 0.5):.1f} ms, "
               f"p99 {1000 * base_p99:.1f} ms, {unloaded['rate']:.0f} req/s")
-        single = sustained(ports, bodies, args.concurrency, args.measure_s)
+        single = sustained(ports, requests, args.concurrency, args.measure_s, pid=pids[0])
         rate = single["rate"]
         print(f"sustainable rate R ({args.concurrency} connections, closed loop): {rate:.0f} req/s, "
               f"p99 {1000 * _pct(single['answered'], 0.99):.1f} ms, refused {single['refused']}, "
-              f"errors {len(single['errors'])}")
+              f"errors {len(single['errors'])}, server CPU {1000 * single['server_cpu'] / single['sent']:.2f} ms "
+              f"per request")
 
         burst_rate = args.factor * rate
         queue = _CTX.Queue()
         prober = _CTX.Process(target=_health_process, args=(queue, ports[0], args.burst_s))
         prober.start()
-        burst = run_load(ports, bodies, rate=burst_rate, seconds=args.burst_s)
+        burst = run_load(ports, requests, rate=burst_rate, seconds=args.burst_s)
         health = queue.get(timeout=120)
         prober.join(timeout=30)
         answered = burst["answered"]
@@ -536,14 +549,14 @@ def bench(args, index: Path, page_words: dict) -> int:
         # reference: the same processes, 4 requests in flight each, a quarter of the work.
         quarter = client_work[:len(client_work) // 4]
         paced = run_client_burst(f"http://127.0.0.1:{ports[0]}", quarter, args.top_n, args.batch,
-                                 args.client_procs, 4, args.turn_queries)
+                                 args.client_procs, 4, args.turn_queries, args.wire == "msgpack")
         client_rate = len(quarter) / args.batch / paced["seconds"]
         print(f"RetrieverClient's own pace ({args.client_procs} processes x 4 in flight): "
               f"{client_rate:.0f} req/s ({paced['overloaded']:.0f} refusals)")
         server_cpu, busy = cpu_seconds(pids[0]), machine_busy_seconds()
         client = run_client_burst(f"http://127.0.0.1:{ports[0]}", client_work, args.top_n,
                                   args.batch, args.client_procs, args.client_concurrency,
-                                  args.turn_queries)
+                                  args.turn_queries, args.wire == "msgpack")
         server_cpu, busy = cpu_seconds(pids[0]) - server_cpu, machine_busy_seconds() - busy
         print(f"RetrieverClient, {n_requests} of the burst's requests ({len(client_work)} queries) from "
               f"{args.client_procs} processes x {args.client_concurrency} in flight, "
@@ -568,11 +581,11 @@ def bench(args, index: Path, page_words: dict) -> int:
         Placement.server = Placement.load = None
         scale_extra = (*args.extra, "--queue-services", "none")
         with serving(index, extra=scale_extra) as (ports, _):
-            one = sustained(ports, bodies, 2 * args.concurrency, args.measure_s)
+            one = sustained(ports, requests, 2 * args.concurrency, args.measure_s)
         with serving(index, workers=2, extra=scale_extra) as (ports, _):
-            two_workers = sustained(ports, bodies, 2 * args.concurrency, args.measure_s)
+            two_workers = sustained(ports, requests, 2 * args.concurrency, args.measure_s)
         with serving(index, replicas=2, extra=scale_extra) as (ports, _):
-            two_replicas = sustained(ports, bodies, 2 * args.concurrency, args.measure_s)
+            two_replicas = sustained(ports, requests, 2 * args.concurrency, args.measure_s)
     print(f"scaling (closed loop, {2 * args.concurrency} connections, --queue-services none, every "
           f"CPU): one process {one['rate']:.0f} req/s; serve --workers 2: "
           f"{two_workers['rate']:.0f} req/s ({two_workers['rate'] / one['rate']:.2f} x); two replicas: "

@@ -21,7 +21,8 @@ diffs line by line:
      "blobs": {"<sha256>": "<base64 JPEG>"}
     }
 
-Items are the wire items exactly as the server sent them (extra fields kept), except that image
+Items are the wire items exactly as the server sent them in JSON (extra fields kept; an image
+recorded from a MessagePack answer is stored as its base64 text, as JSON carries it), except that image
 contents (search hits and image fetches) move to "blobs", keyed by the sha256 of the base64
 text: a page image is stored once however often it was retrieved. Text pages and per-item errors
 (`{"id": "error", "contents": reason}`, recorded too: they replay as the same error) stay inline.
@@ -29,6 +30,7 @@ text: a page image is stored once however often it was retrieved. Text pages and
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -73,6 +75,15 @@ def _blob_key(contents: str) -> str:
     return hashlib.sha256(contents.encode("utf-8")).hexdigest()
 
 
+def _as_json_item(item: dict) -> dict:
+    """A copy of a wire item as a JSON answer carries it: an image's bytes (from a MessagePack
+    answer) become its base64 text, so a recording does not depend on the answer format."""
+    out = dict(item)
+    if isinstance(out.get("contents"), (bytes, bytearray)):
+        out["contents"] = base64.b64encode(out["contents"]).decode("ascii")
+    return out
+
+
 def _is_image_fetch(spec: str) -> bool:
     return spec.startswith("image")
 
@@ -88,10 +99,10 @@ class Fixtures:
         self.fetch: dict[FetchKey, dict] = {}
 
     def add_search(self, doc_id: str, query: str, top_n: int, results: list[dict]) -> None:
-        self.search[(doc_id, query, int(top_n))] = [dict(r) for r in results]
+        self.search[(doc_id, query, int(top_n))] = [_as_json_item(r) for r in results]
 
     def add_fetch(self, doc_id: str, spec: str, result: dict) -> None:
-        self.fetch[(doc_id, canonical_spec(spec))] = dict(result)
+        self.fetch[(doc_id, canonical_spec(spec))] = _as_json_item(result)
 
     # -- serialisation (pure)
 
@@ -266,7 +277,7 @@ def record_fixtures(
     transport reason: a fixture recorded during an outage would silently miss items. Per-item
     server errors are recorded and counted."""
     searches, fetches = list(searches), list(fetches)
-    recorder = RecordingTransport(HttpTransport(base_url, api_key=api_key))
+    recorder = RecordingTransport(HttpTransport(base_url, api_key=api_key, binary=False))
     with RetrieverClient(base_url, timeout=timeout, max_batch=max_batch, transport=recorder) as client:
         results: list = []
         if searches:

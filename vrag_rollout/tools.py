@@ -17,7 +17,7 @@ from .retriever_client import FetchSpec, RetrievedPage, RetrieverFailure
 
 # The RetrieverFailure kind of a request the retriever refused as the asker's mistake.
 REQUEST_FAILURE = "request"
-from .vision import ImageDecodeError, PixelBand, decode_page
+from .vision import ImageDecodeError, PixelBand, decode_page, decode_page_file
 
 Outcome = Union[list, RetrievedPage, RetrieverFailure]
 
@@ -187,6 +187,9 @@ class Observer:
 
     def _decode(self, page: RetrievedPage) -> Any:
         try:
+            # bytes: the JPEG itself (a binary answer); str: base64 (JSON, fixtures)
+            if isinstance(page.contents, bytes):
+                return decode_page_file(page.contents, self.band)
             return decode_page(page.contents, self.band)
         except ImageDecodeError:
             return None

@@ -5,7 +5,8 @@ processor (about 20 ms of CPU a page, and the seed implementation ran it twice).
 untouched (a fixed point of its resize), so the grid computed here is exactly the grid the
 trainer's actor will compute when it re-processes the same page.
 
-`decode_page` is the hot path (base64 page -> PageImage): libjpeg-turbo (simplejpeg) decodes the
+`decode_page` is the hot path (base64 page -> PageImage; `decode_page_file` for the JPEG bytes of
+a binary retriever answer): libjpeg-turbo (simplejpeg) decodes the
 JPEG straight into an RGB array and OpenCV resizes it, about 5x cheaper than the image processor
 run twice; PIL handles every other format and explains every undecodable one.
 """
@@ -320,7 +321,16 @@ def decode_page(data: str | bytes, band: PixelBand) -> PageImage:
     no full-size PIL image is built. Other formats, CMYK JPEGs and broken data go to PIL.
     (The grid comes from the header's size, exactly as fit_to_band computes it.)
     """
-    raw = _b64_bytes(data)
+    return decode_page_file(_b64_bytes(data), band)
+
+
+def decode_page_file(raw: bytes, band: PixelBand) -> PageImage:
+    """The image file's own bytes (a binary retriever answer: no base64) -> PageImage; what
+    `decode_page` does after base64, with the same errors."""
+    if not isinstance(raw, (bytes, bytearray, memoryview)):
+        raise ImageDecodeError(f"image file must be bytes, got {type(raw).__name__}")
+    if not raw:
+        raise ImageDecodeError("image data is empty")
     try:
         h, w, colorspace, _ = simplejpeg.decode_jpeg_header(raw)
         # PIL keeps the say on decompression bombs and on CMYK/YCCK colour conversion.

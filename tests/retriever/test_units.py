@@ -1,14 +1,17 @@
 """Pure pieces: wire fragments, fetch-spec parsing, the fragment cache, a custom backend."""
 
+import base64
 import io
 import json
 
+import msgpack
+import pytest
 from fastapi.testclient import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
-from retriever_server import wire
+from retriever_server import contract, wire
 from retriever_server.app import create_app
 from retriever_server.backends.base import Backend, Hit
 from retriever_server.cache import FragmentCache
@@ -51,17 +54,53 @@ class MemoryBackend(Backend):
         return self.pages[doc_id][page - 1]
 
 
-@given(st.text(max_size=30), st.integers(1, 10**6), st.booleans())
-def test_fragments_are_valid_json(doc_id, page, with_score):
-    fragment = wire.make_fragment(doc_id, page, b"\xff\xd8jpeg bytes")
-    item = json.loads(b"".join(wire.hit_parts(fragment, 1.5 if with_score else None)))
-    assert item["id"] == f"{doc_id}_{page}" and item["doc_id"] == doc_id and item["page"] == page
-    assert ("score" in item) == with_score
+_EXTRA = st.dictionaries(st.sampled_from(["role", "headings"]),
+                         st.one_of(st.text(max_size=8), st.lists(st.text(max_size=8), max_size=3)))
+
+
+def _answer_tree(doc_id, page, score, extra, form):
+    jpeg = b"\xff\xd8jpeg bytes " + doc_id.encode()
+    fragment = wire.make_fragment(doc_id, page, jpeg, extra=extra, form=form)
+    return jpeg, [[wire.Hit(fragment, score)],
+                  [wire.ImageFetch("image, 1", fragment), wire.text_item("text, 1", "words", page=1)],
+                  [wire.error_item("no such page", "page_out_of_range")]]
+
+
+@given(st.text(max_size=30), st.integers(1, 10**6),
+       st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False)), _EXTRA)
+def test_both_formats_carry_the_same_values(doc_id, page, score, extra):
+    # Oracles: the standard library's JSON parser and the msgpack package (not the encoder used).
+    jpeg, tree = _answer_tree(doc_id, page, score, extra, contract.JSON)
+    as_json = json.loads(wire.render(tree, contract.JSON))
+    _, tree = _answer_tree(doc_id, page, score, extra, contract.MSGPACK)
+    as_msgpack = msgpack.unpackb(wire.render(tree, contract.MSGPACK), raw=False)
+    hit = as_json[0][0]
+    assert hit["id"] == f"{doc_id}_{page}" and hit["doc_id"] == doc_id and hit["page"] == page
+    assert ("score" in hit) == (score is not None)
+    assert base64.b64decode(hit["contents"], validate=True) == jpeg
+    assert as_msgpack[0][0]["contents"] == jpeg and isinstance(as_msgpack[1][0]["contents"], bytes)
+    for item in (as_msgpack[0][0], as_msgpack[1][0]):  # images: bytes here, base64 in JSON
+        item["contents"] = base64.b64encode(item["contents"]).decode()
+    assert as_msgpack == as_json
 
 
 def test_non_finite_scores_are_written_as_zero():
-    fragment = wire.make_fragment("d", 1, b"x")
-    assert json.loads(b"".join(wire.hit_parts(fragment, float("nan"))))["score"] == 0.0
+    for form, load in ((contract.JSON, json.loads), (contract.MSGPACK, msgpack.unpackb)):
+        fragment = wire.make_fragment("d", 1, b"x", form=form)
+        assert load(wire.render([wire.Hit(fragment, float("nan"))], form))[0]["score"] == 0.0
+
+
+@pytest.mark.parametrize("accept, msgpack_wanted", [
+    (None, False), ("", False), ("application/json", False), ("*/*", False),
+    ("application/msgpack", True), ("application/x-msgpack", True),
+    ("application/vnd.msgpack", True), ("Application/MsgPack; q=1", True),
+    ("application/msgpack, application/json;q=0.9", True),
+    ("application/json, application/msgpack;q=0.5", False),
+    ("application/msgpack;q=0, */*", False), ("application/msgpack;q=oops", False),
+    ("text/html, application/msgpack", True),
+])
+def test_accept_negotiation(accept, msgpack_wanted):
+    assert contract.prefers_msgpack(accept) is msgpack_wanted
 
 
 @given(st.sampled_from(["image", "text", "IMAGE", "Text"]), st.integers(0, 10**9 - 1),
@@ -101,6 +140,22 @@ def test_cache_evicts_least_recently_used_and_reuses_hits():
     assert cache.nbytes <= 2 * one + one // 2
 
 
+def test_cache_keeps_the_form_asked_for_and_counts_a_second_one():
+    backend = MemoryBackend({"d": ["a", "b"]})
+    jpeg = backend.page_image("d", 1).jpeg
+    cache = FragmentCache(backend)
+    fragment = cache.get("d", 1, contract.MSGPACK)
+    assert fragment.jpeg == jpeg and fragment.b64 is None
+    only_jpeg = cache.nbytes
+    assert cache.get("d", 1, contract.JSON) is fragment  # the same page gains its base64
+    assert base64.b64decode(fragment.b64) == jpeg
+    assert cache.nbytes == only_jpeg + len(fragment.b64) == fragment.nbytes
+    json_first = cache.get("d", 2, contract.JSON)
+    assert json_first.jpeg is None and cache.get("d", 2, contract.MSGPACK).jpeg == backend.page_image("d", 2).jpeg
+    assert cache.nbytes == fragment.nbytes + json_first.nbytes
+    assert backend.reads == 4  # two reads above + one per page into the cache
+
+
 def test_custom_backend_is_a_drop_in_and_failures_stay_per_item():
     backend = MemoryBackend({"good": ["red apple", "green pear", "red red cherry"],
                              "flaky": ["anything"]}, broken=frozenset({"flaky"}))
@@ -114,6 +169,18 @@ def test_custom_backend_is_a_drop_in_and_failures_stay_per_item():
     assert results[2] == [{"id": "error", "contents": "search failed: RuntimeError", "code": "unreadable"}]
     fetched = client.post("/batch_fetch", json={"query": ["text, 2"], "id": "good"}).json()
     assert fetched[0]["contents"] == "green pear"
+    # The same answer in MessagePack when Accept prefers it: images as their JPEG bytes.
+    for path, req in (("/batch_search", body), ("/batch_fetch", {"query": ["text, 2", "image, 1"], "id": "good"})):
+        as_json = client.post(path, json=req)
+        packed = client.post(path, json=req, headers={"Accept": "application/msgpack, application/json;q=0.5"})
+        assert packed.headers["content-type"] == "application/msgpack"
+        assert as_json.headers["content-type"] == "application/json" and packed.headers["vary"] == "Accept"
+        items = msgpack.unpackb(packed.content)
+        for item in (i for group in items for i in (group if isinstance(group, list) else [group])):
+            if isinstance(item["contents"], bytes):
+                assert Image.open(io.BytesIO(item["contents"])).format == "JPEG"
+                item["contents"] = base64.b64encode(item["contents"]).decode()
+        assert items == as_json.json()
     assert client.get("/health").json()["backend"] == "memory"
 
 

@@ -208,3 +208,16 @@ def test_recording_transport_records_what_the_client_sees(server, tmp_path):
     fx = Fixtures.load(tmp_path / "r.json")
     assert set(fx.fetch) == {("manual", "text, 1"), ("manual", "image, 1")}
     assert fx.fetch[("manual", "image, 1")]["contents"] == image("manual", 1)
+
+
+def test_an_image_recorded_from_a_binary_answer_is_stored_as_json_carries_it(tmp_path):
+    jpeg = b"\xff\xd8 jpeg bytes"
+    fx = Fixtures()
+    fx.add_fetch("manual", "image, 1", {"id": "image, 1", "contents": jpeg})
+    fx.add_search("manual", "reset", 1, [{"id": "manual_1", "contents": jpeg}])
+    fx.save(tmp_path / "b.json")
+    as_text = base64.b64encode(jpeg).decode()
+    back = Fixtures.load(tmp_path / "b.json")
+    assert back.fetch[("manual", "image, 1")]["contents"] == as_text
+    assert back.search[("manual", "reset", 1)][0]["contents"] == as_text
+    assert len(json.loads((tmp_path / "b.json").read_text())["blobs"]) == 1  # one image, stored once

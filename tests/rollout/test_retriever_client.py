@@ -406,6 +406,17 @@ def test_parse_fetch_tolerates_unreadable_echo():
     assert res == [RetrievedPage("d_5", "d", 5, "text", "t")]
 
 
+def test_bytes_are_an_image_never_a_text_page_nor_an_error_reason():
+    jpeg = b"\xff\xd8 a jpeg"
+    specs = [FetchSpec("image", 1), FetchSpec("text", 2), FetchSpec("image", 3)]
+    res = parse_fetch_results([{"id": "image, 1", "contents": jpeg}, {"id": "text, 2", "contents": b"text"},
+                               {"id": "error", "contents": b"why"}], specs, ["d"] * 3)
+    assert res[0] == RetrievedPage("d_1", "d", 1, "image", jpeg)
+    assert [r.kind for r in res[1:]] == ["malformed", "malformed"]
+    (hits,) = parse_search_results([[{"id": "d_2", "contents": jpeg, "page": 2}]], ["d"], top_n=1)
+    assert hits == [RetrievedPage("d_2", "d", 2, "image", jpeg)]
+
+
 def test_http_transport_raises_typed_errors(fake):
     fake.script = [("status", 404), ("hang",)]
     transport = HttpTransport(fake.url, retries=0)
@@ -420,11 +431,13 @@ def test_http_transport_raises_typed_errors(fake):
 # --------------------------------------------------------------------------- properties
 
 _json = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5)
+    | st.binary(max_size=5),  # MessagePack answers carry bytes too
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["id", "contents", "page", "score", "x"]), inner, max_size=4),
     max_leaves=12,
 )
-_item = st.fixed_dictionaries({"id": st.sampled_from(["error", "d_1", "image, 1", "text, 2", "zz"]), "contents": st.text(max_size=4)})
+_item = st.fixed_dictionaries({"id": st.sampled_from(["error", "d_1", "image, 1", "text, 2", "zz"]),
+                               "contents": st.text(max_size=4) | st.binary(max_size=4)})
 _answer = st.lists(st.one_of(_item, st.lists(st.one_of(_item, _json), max_size=3), _json), min_size=0, max_size=4)
 
 

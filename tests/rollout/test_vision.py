@@ -22,6 +22,7 @@ from vrag_rollout.vision import (
     PixelBand,
     decode_base64_image,
     decode_page,
+    decode_page_file,
     fit_to_band,
     page_band,
 )
@@ -337,3 +338,20 @@ def test_decode_page_decodes_jpeg_without_pil(monkeypatch):
     for mode in ("RGB", "L"):
         page = decode_page(_b64(_doc_image(850, 1100).convert(mode), "JPEG"), ROLLOUT_BAND)
         assert page.grid_thw == (1, 50, 38) and page.image.size == (532, 700)
+
+
+def test_decode_page_file_is_decode_page_without_base64():
+    for fmt in ("JPEG", "PNG"):
+        buf = io.BytesIO()
+        _doc_image(850, 1100).save(buf, format=fmt)
+        raw = buf.getvalue()
+        page, same = decode_page_file(raw, ROLLOUT_BAND), decode_page(base64.b64encode(raw).decode(), ROLLOUT_BAND)
+        assert page.grid_thw == same.grid_thw and page.image.tobytes() == same.image.tobytes()
+
+
+@pytest.mark.parametrize("data, fragment", [(b"", "empty"), (b"\xff\xd8 not a jpeg", "does not decode"),
+                                            (base64.b64encode(b"x" * 30), "does not decode"),
+                                            ("a str", "must be bytes")])
+def test_decode_page_file_rejects_garbage(data, fragment):
+    with pytest.raises(ImageDecodeError, match=fragment):
+        decode_page_file(data, TINY_BAND)
