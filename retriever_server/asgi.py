@@ -45,8 +45,14 @@ SWITCH_INTERVAL_S = 0.001
 
 
 def _preload_from_env(value: str) -> bool | str:
-    # "0": no preload; "1" (older launchers): the default form; else a form's name.
-    return value == "1" or (value if value in PRELOAD_FORMS else False)
+    # "0": no preload; "1" (older launchers, from before MessagePack answers): base64, as then.
+    if value in ("", "0"):
+        return False
+    if value == "1":
+        return "json"
+    if value not in PRELOAD_FORMS:
+        raise ValueError(f"{ENV_PRELOAD}={value!r}: expected 0, 1 or one of {sorted(PRELOAD_FORMS)}")
+    return value
 
 
 def app_from_env() -> FastAPI:

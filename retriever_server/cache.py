@@ -28,7 +28,7 @@ class FragmentCache:
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, doc_id: str, page: int, form: str = contract.JSON) -> PageFragment:
+    def get(self, doc_id: str, page: int, form: str) -> PageFragment:
         """The page's fragment, holding its image in ``form`` (``contract.JSON``: base64;
         ``contract.MSGPACK``: JPEG bytes)."""
         key = (doc_id, page)
@@ -64,9 +64,9 @@ class FragmentCache:
             _, old = self._items.popitem(last=False)
             self._bytes -= old.nbytes
 
-    def warm(self, form: str = contract.MSGPACK) -> int:
+    def warm(self, form: str) -> int:
         """Load every page (in index order) in ``form`` until the cache is full; returns pages
-        loaded. The default is the form this project's rollout client asks for."""
+        loaded."""
         loaded = 0
         for doc_id, count in self._backend.documents().items():
             for page in range(1, count + 1):

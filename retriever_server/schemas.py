@@ -38,7 +38,8 @@ class Item(BaseModel):
     """A hit, a fetched page, or ``{"id": "error", "contents": reason}``."""
 
     id: str = Field(description='page id "<doc>_<page>" (1-based), "image, 3", "text, 3" or "error"')
-    contents: str = Field(description="standard base64 JPEG, page text, or the error reason")
+    contents: str = Field(description="standard base64 JPEG (in a MessagePack answer: the JPEG "
+                                      "bytes), page text, or the error reason")
     doc_id: str | None = None
     page: int | None = None
     mime: str | None = None

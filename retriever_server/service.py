@@ -80,7 +80,7 @@ class RetrieverService:
     def _hits_node(self, hits: list[Hit] | tuple[str, str], with_score: bool, form: str) -> list:
         if not isinstance(hits, tuple):
             try:
-                return [wire.Hit(self.cache.get(hit.doc_id, hit.page, form),
+                return [wire.HitItem(self.cache.get(hit.doc_id, hit.page, form),
                                  hit.score if with_score else None) for hit in hits]
             except (KeyError, IndexError, OSError) as exc:
                 hits = (_unreadable(exc), contract.UNREADABLE)

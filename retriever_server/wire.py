@@ -1,6 +1,6 @@
 """The wire format's bytes, JSON or MessagePack, rendered from one answer tree.
 
-The service builds an answer as a tree of lists whose leaves are `Hit` (a search hit),
+The service builds an answer as a tree of lists whose leaves are `HitItem` (a search hit),
 `ImageFetch` (an image fetch) or a plain dict (a text page, an error item); `render` writes it
 in the negotiated format (``contract.JSON`` or ``contract.MSGPACK``) with the same values.
 
@@ -34,7 +34,7 @@ def _s(value: str) -> bytes:
 class PageFragment:
     """One page, ready to serve: ``fields`` (every item field but ``id`` and ``contents``) and
     the image as base64 (``b64``, for JSON) and/or JPEG bytes (``jpeg``, for MessagePack).
-    Holds at least one of the two; `with_form` adds the other."""
+    Holds at least one of the two; `derive` + `adopt` add the other (`FragmentCache.get` does)."""
 
     __slots__ = ("page_id", "fields", "json_head", "json_tail", "b64", "jpeg")
 
@@ -83,7 +83,7 @@ def make_fragment(doc_id: str, page: int, jpeg: bytes, mime: str = "image/jpeg",
 
 
 @dataclass(frozen=True)
-class Hit:
+class HitItem:
     """A search hit: the page's item, with ``score`` when one was asked for."""
 
     fragment: PageFragment
@@ -98,7 +98,7 @@ class ImageFetch:
     fragment: PageFragment
 
 
-Node = Union[Hit, ImageFetch, dict, list]
+Node = Union[HitItem, ImageFetch, dict, list]
 
 
 def _finite(score: float) -> float:
@@ -125,7 +125,7 @@ def _json_parts(node: Node, parts: list[bytes]) -> None:
                 parts.append(b",")
             _json_parts(child, parts)
         parts.append(b"]")
-    elif isinstance(node, Hit):
+    elif isinstance(node, HitItem):
         f = node.fragment
         parts += [f.json_head, f.b64, f.json_tail]
         if node.score is not None:
@@ -146,7 +146,7 @@ _msgpack = msgspec.msgpack.Encoder()
 def _plain(node: Node) -> Any:
     if isinstance(node, list):
         return [_plain(child) for child in node]
-    if isinstance(node, Hit):
+    if isinstance(node, HitItem):
         f = node.fragment
         item = {"id": f.page_id, "contents": f.jpeg, **f.fields}
         if node.score is not None:
@@ -157,8 +157,21 @@ def _plain(node: Node) -> Any:
     return node
 
 
+def _check_forms(node: Node, form: str) -> None:
+    if isinstance(node, list):
+        for child in node:
+            _check_forms(child, form)
+    elif isinstance(node, (HitItem, ImageFetch)) and not node.fragment.has(form):
+        raise ValueError(f"page {node.fragment.page_id} is not held in the form {form!r} "
+                         f"(get it through FragmentCache.get(..., form))")
+
+
 def render(tree: Node, form: str = contract.JSON) -> bytes:
-    """The answer's bytes in ``form``; its fragments must hold that form (`FragmentCache.get`)."""
+    """The answer's bytes in ``form``; its fragments must hold that form (`FragmentCache.get`),
+    else ValueError (never an answer with an image missing)."""
+    if form not in FORMS:
+        raise ValueError(f"unknown answer form {form!r}; one of {FORMS}")
+    _check_forms(tree, form)
     if form == contract.MSGPACK:
         return _msgpack.encode(_plain(tree))
     parts: list[bytes] = []

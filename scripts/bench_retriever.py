@@ -305,7 +305,7 @@ def serve_and_load(index: Path, batches, expect, workers: int, args) -> tuple[di
     # so every request may queue (the default queues only about one service's worth).
     server = subprocess.Popen(
         [sys.executable, "-m", "retriever_server.cli", "serve", "--index", str(index), "--host",
-         "127.0.0.1", "--port", str(port), "--workers", str(workers), "--preload",
+         "127.0.0.1", "--port", str(port), "--workers", str(workers), "--preload", "json",
          "--queue-services", "none", "--log-level", "warning"], env=env)
     try:
         _wait_healthy(port, server)

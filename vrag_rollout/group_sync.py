@@ -10,7 +10,8 @@ Contract: `share(compute)` runs `compute()` on the group's source rank only and 
 on every rank, or raises its exception on every rank. The schedules route every retriever
 outcome, and every "is the tool result in yet?" decision, through it, so each rank's episodes
 are a function of the source rank's observations alone. Outcomes are broadcast raw (pages as
-base64); each rank decodes them itself, which is deterministic.
+the retriever sent them: JPEG bytes or base64); each rank decodes them itself, which is
+deterministic.
 """
 
 from __future__ import annotations

@@ -313,7 +313,8 @@ def fit_to_band(image: Image.Image, band: PixelBand) -> PageImage:
 
 
 def decode_page(data: str | bytes, band: PixelBand) -> PageImage:
-    """Base64 page -> PageImage: decode_base64_image + fit_to_band in one pass, same errors.
+    """Base64 page (text, or its ASCII bytes) -> PageImage: decode_base64_image + fit_to_band in
+    one pass, same errors. A page's JPEG bytes themselves go to `decode_page_file`.
 
     A JPEG's header gives the band size before any pixel is decoded, so libjpeg-turbo decodes
     it straight to an RGB array (fast DCT and upsampling when shrinking), scaled

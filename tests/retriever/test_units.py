@@ -61,7 +61,7 @@ _EXTRA = st.dictionaries(st.sampled_from(["role", "headings"]),
 def _answer_tree(doc_id, page, score, extra, form):
     jpeg = b"\xff\xd8jpeg bytes " + doc_id.encode()
     fragment = wire.make_fragment(doc_id, page, jpeg, extra=extra, form=form)
-    return jpeg, [[wire.Hit(fragment, score)],
+    return jpeg, [[wire.HitItem(fragment, score)],
                   [wire.ImageFetch("image, 1", fragment), wire.text_item("text, 1", "words", page=1)],
                   [wire.error_item("no such page", "page_out_of_range")]]
 
@@ -87,7 +87,7 @@ def test_both_formats_carry_the_same_values(doc_id, page, score, extra):
 def test_non_finite_scores_are_written_as_zero():
     for form, load in ((contract.JSON, json.loads), (contract.MSGPACK, msgpack.unpackb)):
         fragment = wire.make_fragment("d", 1, b"x", form=form)
-        assert load(wire.render([wire.Hit(fragment, float("nan"))], form))[0]["score"] == 0.0
+        assert load(wire.render([wire.HitItem(fragment, float("nan"))], form))[0]["score"] == 0.0
 
 
 @pytest.mark.parametrize("accept, msgpack_wanted", [
@@ -128,14 +128,14 @@ def test_cache_evicts_least_recently_used_and_reuses_hits():
     one = wire.make_fragment("d", 1, backend.page_image("d", 1).jpeg).nbytes
     backend.reads = 0
     cache = FragmentCache(backend, max_bytes=2 * one + one // 2)  # room for two pages
-    cache.get("d", 1)
-    cache.get("d", 2)
-    cache.get("d", 1)  # hit; page 1 is now most recent
+    cache.get("d", 1, contract.JSON)
+    cache.get("d", 2, contract.JSON)
+    cache.get("d", 1, contract.JSON)  # hit; page 1 is now most recent
     assert backend.reads == 2
-    cache.get("d", 3)  # evicts page 2
-    cache.get("d", 1)
+    cache.get("d", 3, contract.JSON)  # evicts page 2
+    cache.get("d", 1, contract.JSON)
     assert backend.reads == 3
-    cache.get("d", 2)
+    cache.get("d", 2, contract.JSON)
     assert backend.reads == 4
     assert cache.nbytes <= 2 * one + one // 2
 
@@ -154,6 +154,48 @@ def test_cache_keeps_the_form_asked_for_and_counts_a_second_one():
     assert json_first.jpeg is None and cache.get("d", 2, contract.MSGPACK).jpeg == backend.page_image("d", 2).jpeg
     assert cache.nbytes == fragment.nbytes + json_first.nbytes
     assert backend.reads == 4  # two reads above + one per page into the cache
+
+
+@pytest.mark.parametrize("first, second", [(contract.MSGPACK, contract.JSON), (contract.JSON, contract.MSGPACK)])
+def test_a_form_derived_in_the_cache_renders_the_same_answer(first, second):
+    # Oracle: the answer rendered from a fragment made directly in that form.
+    backend = MemoryBackend({"d": ["a"]})
+    image = backend.page_image("d", 1)
+    cache = FragmentCache(backend)
+    cache.get("d", 1, first)
+    derived = cache.get("d", 1, second)
+    direct = wire.make_fragment("d", 1, image.jpeg, image.mime, form=second)
+    for fragment in (derived, direct):
+        assert fragment.has(second)
+    render = lambda f: wire.render([[wire.HitItem(f, 0.5)], [wire.ImageFetch("image, 1", f)]], second)  # noqa: E731
+    assert render(derived) == render(direct)
+
+
+def test_cache_bytes_stay_the_sum_of_its_pages_when_a_page_is_evicted_while_gaining_a_form(monkeypatch):
+    backend = MemoryBackend({"d": ["a", "b", "c"]})
+    one = wire.make_fragment("d", 1, backend.page_image("d", 1).jpeg, form=contract.MSGPACK).nbytes
+    cache = FragmentCache(backend, max_bytes=2 * one + one // 2)  # room for two pages in one form
+    page1 = cache.get("d", 1, contract.MSGPACK)
+    cache.get("d", 2, contract.MSGPACK)
+    derive = wire.PageFragment.derive
+
+    def derive_while_evicted(self, form):
+        if self is page1:
+            cache.get("d", 3, contract.MSGPACK)  # evicts page 1 meanwhile (it is the oldest)
+        return derive(self, form)
+
+    monkeypatch.setattr(wire.PageFragment, "derive", derive_while_evicted)
+    assert cache.get("d", 1, contract.JSON).has(contract.JSON)  # served, though evicted
+    held = cache._items.values()
+    assert page1 not in held and cache.nbytes == sum(f.nbytes for f in held) <= 2 * one + one // 2
+
+
+def test_render_refuses_a_page_without_the_form_asked_for():
+    fragment = wire.make_fragment("d", 1, b"\xff\xd8", form=contract.JSON)
+    with pytest.raises(ValueError, match="not held in the form"):
+        wire.render([wire.HitItem(fragment)], contract.MSGPACK)
+    with pytest.raises(ValueError, match="unknown answer form"):
+        wire.render([], "text/html")
 
 
 def test_custom_backend_is_a_drop_in_and_failures_stay_per_item():
@@ -200,3 +242,18 @@ def test_render_excess_is_trimmed_evenly():
     assert cropped.size == (28, 34)
     assert cropped.getpixel((0, 0)) == (255, 255, 255)  # the band was in the trimmed 3 px
     assert _center_crop(image, (56, 56)).size == (30, 40)  # too small: left to the resampler
+
+
+@pytest.mark.parametrize("value, preload", [("0", False), ("", False), ("1", "json"), ("json", "json"),
+                                            ("msgpack", "msgpack")])
+def test_preload_setting_from_the_environment(value, preload):
+    from retriever_server.asgi import _preload_from_env
+
+    assert _preload_from_env(value) == preload
+
+
+def test_an_unknown_preload_setting_is_an_error():
+    from retriever_server.asgi import _preload_from_env
+
+    with pytest.raises(ValueError, match="VRAG_RETRIEVER_PRELOAD"):
+        _preload_from_env("MSGPACK")

@@ -221,3 +221,24 @@ def test_an_image_recorded_from_a_binary_answer_is_stored_as_json_carries_it(tmp
     assert back.fetch[("manual", "image, 1")]["contents"] == as_text
     assert back.search[("manual", "reset", 1)][0]["contents"] == as_text
     assert len(json.loads((tmp_path / "b.json").read_text())["blobs"]) == 1  # one image, stored once
+
+
+def test_recording_keeps_binary_images_and_skips_a_text_page_sent_as_bytes(tmp_path):
+    class BinaryServer:  # answers as a MessagePack server would, one text page wrongly as bytes
+        def post(self, path, body, timeout):
+            return [{"id": "image, 1", "contents": b"\xff\xd8 jpeg"}, {"id": "text, 1", "contents": b"text"}]
+
+        def get(self, path, timeout):
+            return {}
+
+        def close(self):
+            pass
+
+    rec = RecordingTransport(BinaryServer())
+    with RetrieverClient("fixture://", transport=rec) as c:
+        image, text = c.batch_fetch([FetchSpec("image", 1), FetchSpec("text", 1)], ["manual", "manual"])
+    assert image.contents == b"\xff\xd8 jpeg" and text.kind == "malformed"
+    rec.save(tmp_path / "r.json")
+    fx = Fixtures.load(tmp_path / "r.json")
+    assert set(fx.fetch) == {("manual", "image, 1")}
+    assert fx.fetch[("manual", "image, 1")]["contents"] == base64.b64encode(b"\xff\xd8 jpeg").decode()

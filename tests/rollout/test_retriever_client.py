@@ -406,6 +406,13 @@ def test_parse_fetch_tolerates_unreadable_echo():
     assert res == [RetrievedPage("d_5", "d", 5, "text", "t")]
 
 
+def test_decode_answer_reads_plain_bytes_as_json():
+    # A transport written before RawAnswer hands back the body alone: JSON, as then.
+    assert retriever_client.decode_answer(b'[{"id": "d_1", "contents": "QQ=="}]') == [{"id": "d_1", "contents": "QQ=="}]
+    with pytest.raises(retriever_client.TransportMalformed, match="not JSON"):
+        retriever_client.decode_answer(b"\x91\xc0")
+
+
 def test_bytes_are_an_image_never_a_text_page_nor_an_error_reason():
     jpeg = b"\xff\xd8 a jpeg"
     specs = [FetchSpec("image", 1), FetchSpec("text", 2), FetchSpec("image", 3)]
