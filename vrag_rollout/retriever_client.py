@@ -6,10 +6,13 @@ Three layers, so the fault handling is written once:
   `RetrievedPage` (or a list of them) or a `RetrieverFailure`;
 - a *transport* does one logical call, `post(path, body, timeout) -> parsed JSON`, and raises a
   `TransportError` subclass (timeout, connection, http status, malformed body) when it cannot.
-  `HttpTransport` (urllib3) is the default; `vrag_rollout.fixtures.FixtureTransport` replays
-  recorded traffic through the very same client logic;
-- `RetrieverClient` chunks a batch (at most `max_batch` items a request), sends the chunks
-  concurrently under a cap of `max_concurrency` requests in flight, validates the answers and
+  The client's default is `retriever_aiohttp.AsyncHttpTransport` (aiohttp, on the client's own
+  event loop: `send_async`); `HttpTransport` (urllib3, blocking) has the same retry policy for
+  direct use and recording; `vrag_rollout.fixtures.FixtureTransport` replays recorded traffic
+  through the very same client logic (blocking transports run in a small thread pool);
+- `RetrieverClient` chunks a batch (at most `max_batch` items a request), runs the chunks
+  concurrently on its event loop (a daemon thread; `batch_*` block the calling thread until
+  the batch is done) under a cap of `max_concurrency` chunks at once, validates the answers and
   counts what happened in `stats`.
 
 Replicas: `base_url` may name several servers (a list, or one comma-separated string). Chunks
@@ -17,7 +20,7 @@ go round-robin over them; a replica that fails a chunk (connection, timeout, 5xx
 retries) is skipped for `down_s` seconds and the chunk moves to the next one.
 
 Overload: a server that refuses with 503/429 *and* `Retry-After` (admission control) is not
-retried by urllib3. Each replica has an `AdaptiveLimit`, a congestion window clocked by answers:
+retried by the transport. Each replica has an `AdaptiveLimit`, a congestion window clocked by answers:
 at most `max_concurrency` requests in flight to it; a refusal halves the window (once per round)
 and caps it at the requests still at that server, so the refused chunk waits in the client
 until one of them is answered; a refusal that leaves nothing in flight closes the window for the
@@ -37,7 +40,7 @@ takes at most about replicas * ((retries + 1) * timeout + backoff * (2 + 4 + ...
 plus `overload_budget_s` while servers refuse. Programming errors (mismatched list lengths, `top_n < 1`, a bad
 `FetchSpec`) raise `ValueError`.
 
-Answer format: `HttpTransport` asks for MessagePack (``Accept: application/msgpack,
+Answer format: the HTTP transports ask for MessagePack (``Accept: application/msgpack,
 application/json;q=0.5``); this project's server then sends each image as its JPEG bytes, a
 quarter smaller than base64 and nothing to decode (measured: 0.20 ms of client CPU for an
 answer of 8 images that took 0.44 ms as JSON). A server that only speaks JSON (ALDEN's) answers JSON,
@@ -47,10 +50,12 @@ MessagePack answer) or base64 text (a JSON answer, fixtures); text pages are alw
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Optional, Protocol, Sequence, Union
@@ -196,7 +201,8 @@ class RawAnswer(NamedTuple):
 class Transport(Protocol):
     """A transport may also offer ``send(path, body, timeout) -> RawAnswer`` (the undecoded
     answer, read by ``decode_answer``), as ``HttpTransport`` does: the client then decodes
-    outside the window's slot."""
+    outside the window's slot. One offering ``async send_async(...) -> RawAnswer`` (and
+    ``get_async``, ``aclose``), as ``AsyncHttpTransport`` does, runs on the client's loop."""
 
     def post(self, path: str, body: dict, timeout: float) -> Any: ...
 
@@ -205,8 +211,26 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-def _tries(n: int) -> str:
+def tries_text(n: int) -> str:
     return "1 try" if n == 1 else f"{n} tries"
+
+
+def accept_header(binary: bool) -> str:
+    """What to ask for: MessagePack first when ``binary`` (and msgspec can read it), else JSON."""
+    if binary and _unpack is not None:
+        return f"{contract.MSGPACK}, {contract.JSON};q=0.5"
+    return contract.JSON
+
+
+_RETRY_AFTER = Retry(0)
+
+
+def parse_retry_after(value: str) -> Optional[float]:
+    """A ``Retry-After`` header (seconds or an HTTP date) in seconds; None when unreadable."""
+    try:
+        return _RETRY_AFTER.parse_retry_after(value)
+    except InvalidHeader:
+        return None
 
 
 class HttpTransport:
@@ -246,10 +270,7 @@ class HttpTransport:
             respect_retry_after_header=False,  # keep the worst-case latency bounded by our own numbers
             redirect=False,
         )
-        accept = contract.JSON
-        if binary and _unpack is not None:
-            accept = f"{contract.MSGPACK}, {contract.JSON};q=0.5"
-        self._headers = {"Content-Type": contract.JSON, "Accept": accept}
+        self._headers = {"Content-Type": contract.JSON, "Accept": accept_header(binary)}
         if api_key:
             self._headers["X-API-Key"] = api_key
         self._pool = urllib3.PoolManager(num_pools=4, maxsize=max(1, max_connections), block=False)
@@ -293,15 +314,12 @@ class HttpTransport:
         used = len(resp.retries.history) if resp.retries is not None else 0
         self._count_retries(used)
         if resp.status in REFUSAL_STATUSES and resp.headers.get("Retry-After"):
-            try:
-                wait: Optional[float] = retry.parse_retry_after(resp.headers["Retry-After"])
-            except InvalidHeader:
-                wait = None
+            wait = parse_retry_after(resp.headers["Retry-After"])
             raise TransportOverloaded(resp.status, wait, f"retriever overloaded (HTTP {resp.status})",
-                                      _retry_after_ms(resp.headers.get(contract.RETRY_AFTER_MS)))
+                                      retry_after_ms(resp.headers.get(contract.RETRY_AFTER_MS)))
         if not 200 <= resp.status < 300:
             raise TransportHTTPError(
-                resp.status, f"retriever answered HTTP {resp.status} after {_tries(used + 1)}", tries=used + 1
+                resp.status, f"retriever answered HTTP {resp.status} after {tries_text(used + 1)}", tries=used + 1
             )
         return resp
 
@@ -310,7 +328,7 @@ class HttpTransport:
             self._on_retries(n)
 
 
-def _retry_after_ms(value: Optional[str]) -> Optional[float]:
+def retry_after_ms(value: Optional[str]) -> Optional[float]:
     """The ``Retry-After-Ms`` header in seconds; None when absent or not a number >= 0."""
     try:
         ms = float(value) if value is not None else None
@@ -322,10 +340,10 @@ def _retry_after_ms(value: Optional[str]) -> Optional[float]:
 def _classify(reason: BaseException | None, tries: int) -> TransportError:
     # NewConnectionError subclasses ConnectTimeoutError: test it first (refused != slow).
     if isinstance(reason, NewConnectionError):
-        return TransportConnectionError(f"retriever unreachable after {_tries(tries)}", tries=tries)
+        return TransportConnectionError(f"retriever unreachable after {tries_text(tries)}", tries=tries)
     if isinstance(reason, (_Urllib3Timeout, TimeoutError)):
-        return TransportTimeout(f"retriever timed out after {_tries(tries)}", tries=tries)
-    return TransportConnectionError(f"retriever connection failed after {_tries(tries)}", tries=tries)
+        return TransportTimeout(f"retriever timed out after {tries_text(tries)}", tries=tries)
+    return TransportConnectionError(f"retriever connection failed after {tries_text(tries)}", tries=tries)
 
 
 def decode_json(data: bytes) -> Any:
@@ -574,7 +592,7 @@ class AdaptiveLimit:
 
     Requests over the window wait here, in the client, instead of being refused by a busy
     server again and again (each refusal costs both sides CPU, and a client that sleeps on a
-    refusal while the server drains leaves it idle). Thread-safe."""
+    refusal while the server drains leaves it idle). Use it on one event loop (the client's)."""
 
     def __init__(self, maximum: int):
         self.maximum = maximum
@@ -583,45 +601,50 @@ class AdaptiveLimit:
         self.in_flight = 0
         self._round = 0
         self._paused_until = 0.0
-        self._cond = threading.Condition()
+        self._waiters: deque[asyncio.Future] = deque()
 
-    def acquire(self, deadline: float) -> Optional[int]:
+    async def acquire(self, deadline: float) -> Optional[int]:
         """Wait (until the monotonic ``deadline``) for room and for any pause to end; the round
         to pass to `release`, or None when the deadline comes first (at once when a pause
         outlasts it: that wait is not slept)."""
-        with self._cond:
-            while True:
-                now = time.monotonic()
-                if self._paused_until > deadline:
-                    return None
-                wait = max(self._paused_until - now, 0.0) if self.in_flight < int(self.limit) else None
-                if wait == 0.0:
-                    break
-                if now >= deadline:
-                    return None
-                self._cond.wait(deadline - now if wait is None else min(wait, deadline - now))
-            self.in_flight += 1
-            return self._round
+        while True:
+            now = time.monotonic()
+            if self._paused_until > deadline:
+                return None
+            wait = max(self._paused_until - now, 0.0) if self.in_flight < int(self.limit) else None
+            if wait == 0.0:
+                break
+            if now >= deadline:
+                return None
+            woken = asyncio.get_running_loop().create_future()
+            self._waiters.append(woken)
+            try:  # an answer's release wakes it; else the pause's end or the deadline
+                await asyncio.wait([woken], timeout=deadline - now if wait is None else min(wait, deadline - now))
+            finally:
+                if not woken.done():
+                    self._waiters.remove(woken)
+        self.in_flight += 1
+        return self._round
 
     def release(self, round_: int, outcome: str, pause_s: float = 0.0) -> None:
         """``outcome``: "ok" (an answer), "refused" (503/429 + Retry-After) or "failed" (a
         fault: no news about load). ``pause_s``: how long the server asked a refused client to
         wait; kept only when no request of this client is left at the server."""
-        with self._cond:
-            self.in_flight -= 1
-            if outcome == "refused":
-                if round_ == self._round:
-                    self.limit = self.threshold = max(1.0, self.limit / 2)
-                    self._round += 1
-                self.limit = max(1.0, min(self.limit, float(self.in_flight)))
-                if self.in_flight == 0:
-                    self._paused_until = max(self._paused_until, time.monotonic() + pause_s)
-            elif outcome == "ok":
-                grow = 1.0 if self.limit < self.threshold else 1 / self.limit
-                self.limit = min(float(self.maximum), self.limit + grow)
-            room = int(self.limit) - self.in_flight
-            if room > 0:
-                self._cond.notify(room)
+        self.in_flight -= 1
+        if outcome == "refused":
+            if round_ == self._round:
+                self.limit = self.threshold = max(1.0, self.limit / 2)
+                self._round += 1
+            self.limit = max(1.0, min(self.limit, float(self.in_flight)))
+            if self.in_flight == 0:
+                self._paused_until = max(self._paused_until, time.monotonic() + pause_s)
+        elif outcome == "ok":
+            grow = 1.0 if self.limit < self.threshold else 1 / self.limit
+            self.limit = min(float(self.maximum), self.limit + grow)
+        room = int(self.limit) - self.in_flight
+        while room > 0 and self._waiters:
+            self._waiters.popleft().set_result(None)
+            room -= 1
 
 
 # --------------------------------------------------------------------------- client
@@ -668,11 +691,13 @@ class RetrieverClient:
         self.down_s = down_s
         self.stats = ClientStats()
         self._rng = random.Random()
+        from .retriever_aiohttp import AsyncHttpTransport, LoopThread
+
         if transport is not None:
-            self.transports: list[Transport] = [transport]
+            self.transports: list[Any] = [transport]
         else:
             self.transports = [
-                HttpTransport(
+                AsyncHttpTransport(
                     url,
                     retries=retries,
                     backoff=backoff,
@@ -684,11 +709,14 @@ class RetrieverClient:
                 )
                 for url in urls
             ]
-        self.transport: Transport = self.transports[0]  # the first (or only) replica
+        self.transport = self.transports[0]  # the first (or only) replica
         self._replicas = ReplicaSet(len(self.transports))
         self._limits = [AdaptiveLimit(max_concurrency) for _ in self.transports]
-        # One pool per client: the cap holds across concurrent batch_* callers too.
+        # Every chunk runs on this client's own event loop; a transport without `send_async`
+        # (fixtures, a custom one) is called from a small pool of threads.
+        self._loop = LoopThread()
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="retriever")
+        self._chunks = asyncio.Semaphore(max_concurrency)  # the cap holds across callers too
 
     # -- public API
 
@@ -720,16 +748,26 @@ class RetrieverClient:
         """True when at least one replica answers /health."""
         for transport in self.transports:
             try:
-                transport.get("/health", self.timeout)
+                if hasattr(transport, "get_async"):
+                    self._loop.run(transport.get_async("/health", self.timeout))
+                else:
+                    transport.get("/health", self.timeout)
             except TransportError:
                 continue
             return True
         return False
 
     def close(self) -> None:
+        async def close_transports() -> None:
+            for transport in self.transports:
+                if hasattr(transport, "aclose"):
+                    await transport.aclose()
+
+        self._loop.close(close_transports)
         self._pool.shutdown(wait=True)
         for transport in self.transports:
-            transport.close()
+            if hasattr(transport, "close"):
+                transport.close()
 
     def __enter__(self) -> "RetrieverClient":
         return self
@@ -741,24 +779,37 @@ class RetrieverClient:
 
     def _run(self, n: int, chunk: Callable[[int, int], tuple]) -> list:
         bounds = [(lo, min(lo + self.max_batch, n)) for lo in range(0, n, self.max_batch)]
-        futures = [self._pool.submit(self._call, hi - lo, *chunk(lo, hi)) for lo, hi in bounds]
+        calls = [(hi - lo, *chunk(lo, hi)) for lo, hi in bounds]
+        return self._loop.run(self._run_async(calls))
+
+    async def _run_async(self, calls: list[tuple]) -> list:
         out: list = []
-        for f in futures:
-            out.extend(f.result())  # only programming errors (e.g. FixtureMiss) propagate
+        # Only programming errors (e.g. FixtureMiss) propagate, the first one raised.
+        for results in await asyncio.gather(*(self._call(*call) for call in calls)):
+            out.extend(results)
         return out
 
-    def _call(self, n: int, path: str, body: dict, parse: Callable[[Any], list]) -> list:
-        start = time.monotonic()
-        try:
-            results = parse(self._post(path, body, start + self.overload_budget_s))
-        except TransportError as e:
-            results = [RetrieverFailure(e.kind, str(e))] * n
-        except MalformedResponse as e:
-            results = [RetrieverFailure("malformed", str(e))] * n
-        self.stats.record_call(n, time.monotonic() - start, results)
-        return results
+    async def _call(self, n: int, path: str, body: dict, parse: Callable[[Any], list]) -> list:
+        async with self._chunks:
+            start = time.monotonic()
+            try:
+                results = parse(await self._post(path, body, start + self.overload_budget_s))
+            except TransportError as e:
+                results = [RetrieverFailure(e.kind, str(e))] * n
+            except MalformedResponse as e:
+                results = [RetrieverFailure("malformed", str(e))] * n
+            self.stats.record_call(n, time.monotonic() - start, results)
+            return results
 
-    def _post(self, path: str, body: dict, deadline: float) -> Any:
+    async def _send(self, transport: Any, path: str, body: dict) -> Any:
+        """The answer: a `RawAnswer` (or bytes) to decode, from `send_async` or `send`; else
+        the parsed values from a plain transport's `post`."""
+        if hasattr(transport, "send_async"):
+            return await transport.send_async(path, body, self.timeout)
+        call = getattr(transport, "send", None) or transport.post
+        return await asyncio.get_running_loop().run_in_executor(self._pool, call, path, body, self.timeout)
+
+    async def _post(self, path: str, body: dict, deadline: float) -> Any:
         """One chunk: over the replicas until one answers; raises the last TransportError."""
         failed: set[int] = set()  # replicas that failed this chunk (not counting refusals)
         refusals = 0  # of this chunk, by any replica
@@ -768,7 +819,7 @@ class RetrieverClient:
             for i in self._replicas.order():
                 if i in failed:
                     continue
-                round_ = self._limits[i].acquire(deadline)
+                round_ = await self._limits[i].acquire(deadline)
                 if refused_at is not None:
                     self.stats.add_overloaded_wait(time.monotonic() - refused_at)
                     refused_at = None
@@ -776,13 +827,12 @@ class RetrieverClient:
                     raise _out_of_budget(last_refusal, refusals, self.overload_budget_s)
                 outcome, pause = "failed", 0.0
                 transport = self.transports[i]
-                # An HTTP transport hands back the bytes: they are decoded after the window's
-                # slot is given back, since the window counts requests the server holds, not
-                # this client's own work (with a window of 2, decoding inside it left the
-                # server idle half the time).
-                send = getattr(transport, "send", None)
+                # An HTTP transport hands back the undecoded answer: it is decoded after the
+                # window's slot is given back, since the window counts requests the server
+                # holds, not this client's own work.
+                undecoded = hasattr(transport, "send_async") or hasattr(transport, "send")
                 try:
-                    data = (send or transport.post)(path, body, self.timeout)
+                    data = await self._send(transport, path, body)
                     outcome = "ok"
                 except TransportOverloaded as e:
                     # Busy, not broken: another replica may take the chunk now; others' chunks
@@ -802,7 +852,7 @@ class RetrieverClient:
                     continue
                 finally:
                     self._limits[i].release(round_, outcome, pause)
-                if send is not None:
+                if undecoded:
                     try:
                         data = decode_answer(data)
                     except TransportMalformed:

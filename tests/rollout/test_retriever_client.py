@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import threading
@@ -540,21 +541,26 @@ def test_refusal_with_retry_after_ms_is_waited_out_in_milliseconds(fake):
     assert fake.paths()["/batch_fetch"] == 2
 
 
+def acquire(limit: AdaptiveLimit, deadline: float):
+    """The window's acquire, run to completion (the client runs it on its event loop)."""
+    return asyncio.run(limit.acquire(deadline))
+
+
 def test_adaptive_limit_halves_once_per_round_and_waits_for_answers():
     limit = AdaptiveLimit(8)
     far = time.monotonic() + 60
-    rounds = [limit.acquire(far) for _ in range(8)]
-    assert limit.in_flight == 8 and limit.acquire(time.monotonic()) is None  # full: no room
+    rounds = [acquire(limit, far) for _ in range(8)]
+    assert limit.in_flight == 8 and acquire(limit, time.monotonic()) is None  # full: no room
     limit.release(rounds[0], "refused")
     assert (limit.limit, limit.in_flight) == (4, 7)
     limit.release(rounds[1], "refused")  # sent in the same round: no second cut
     assert limit.limit == 4
     # 6 still at the server, the window is 4: nothing more goes until answers come back.
-    assert limit.acquire(time.monotonic() + 0.02) is None
+    assert acquire(limit, time.monotonic() + 0.02) is None
     for r in rounds[2:5]:
         limit.release(r, "ok")  # answers grow the window by 1/4 each: 4.75, room for 1
     assert 4.7 < limit.limit < 4.8 and limit.in_flight == 3
-    assert limit.acquire(time.monotonic()) is not None
+    assert acquire(limit, time.monotonic()) is not None
     for r in rounds[5:]:
         limit.release(r, "failed")  # faults say nothing about load
 
@@ -562,60 +568,60 @@ def test_adaptive_limit_halves_once_per_round_and_waits_for_answers():
 def test_adaptive_limit_never_stays_above_what_is_still_in_flight():
     limit = AdaptiveLimit(8)
     far = time.monotonic() + 60
-    rounds = [limit.acquire(far) for _ in range(8)]
+    rounds = [acquire(limit, far) for _ in range(8)]
     for r in rounds[:6]:  # a wave refused but for two: the server took two of ours
         limit.release(r, "refused")
     assert (limit.limit, limit.in_flight) == (2, 2)
-    assert limit.acquire(time.monotonic() + 0.02) is None  # each answer will clock one request
+    assert acquire(limit, time.monotonic() + 0.02) is None  # each answer will clock one request
     limit.release(rounds[6], "ok")
-    assert limit.acquire(time.monotonic()) is not None
+    assert acquire(limit, time.monotonic()) is not None
 
 
 def test_adaptive_limit_slow_start_back_to_half_then_one_per_round():
     limit = AdaptiveLimit(8)
     far = time.monotonic() + 60
-    rounds = [limit.acquire(far) for _ in range(8)]
+    rounds = [acquire(limit, far) for _ in range(8)]
     for r in rounds:  # everything refused: nothing left in flight
         limit.release(r, "refused")
     assert (limit.limit, limit.threshold) == (1, 4)
     for expected in (2, 3, 4):  # one more per answer up to the half the cut kept
-        limit.release(limit.acquire(far), "ok")
+        limit.release(acquire(limit, far), "ok")
         assert limit.limit == expected
-    limit.release(limit.acquire(far), "ok")
+    limit.release(acquire(limit, far), "ok")
     assert limit.limit == 4.25  # then about one more per round of answers
     for _ in range(200):
-        limit.release(limit.acquire(far), "ok")
+        limit.release(acquire(limit, far), "ok")
     assert limit.limit == 8  # never above the maximum
     for _ in range(10):
-        limit.release(limit.acquire(far), "refused")
+        limit.release(acquire(limit, far), "refused")
     assert limit.limit == 1  # nor below one
 
 
 def test_adaptive_limit_pauses_only_with_nothing_in_flight():
     limit = AdaptiveLimit(4)
     far = time.monotonic() + 60
-    a, b = limit.acquire(far), limit.acquire(far)
+    a, b = acquire(limit, far), acquire(limit, far)
     limit.release(a, "refused", pause_s=30.0)  # b is still at the server: its answer clocks us
     limit.release(b, "ok")
     start = time.monotonic()
-    assert limit.acquire(far) is not None and time.monotonic() - start < 1.0
+    assert acquire(limit, far) is not None and time.monotonic() - start < 1.0
 
 
 def test_adaptive_limit_does_not_sleep_a_pause_past_the_deadline():
     limit = AdaptiveLimit(4)
-    limit.release(limit.acquire(time.monotonic() + 60), "refused", pause_s=30.0)
+    limit.release(acquire(limit, time.monotonic() + 60), "refused", pause_s=30.0)
     start = time.monotonic()
-    assert limit.acquire(start + 1.0) is None
+    assert acquire(limit, start + 1.0) is None
     assert time.monotonic() - start < 0.5  # known at once: not slept
 
 
 def test_adaptive_limit_sends_nothing_during_a_refusals_pause():
     limit = AdaptiveLimit(4)
     far = time.monotonic() + 60
-    limit.release(limit.acquire(far), "refused", pause_s=0.2)
+    limit.release(acquire(limit, far), "refused", pause_s=0.2)
     start = time.monotonic()
-    assert limit.acquire(start + 0.05) is None  # room, but the server asked for 0.2 s
-    assert limit.acquire(far) is not None
+    assert acquire(limit, start + 0.05) is None  # room, but the server asked for 0.2 s
+    assert acquire(limit, far) is not None
     assert 0.18 <= time.monotonic() - start < 2.0
 
 
