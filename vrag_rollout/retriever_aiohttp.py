@@ -103,7 +103,7 @@ class AsyncHttpTransport:
         if self._session is None:  # made on the loop that uses it, as aiohttp requires
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._max_connections),
-                headers=self._headers, auto_decompress=False)
+                headers=self._headers)
         return self._session
 
     async def send_async(self, path: str, body: dict, timeout: float) -> RawAnswer:

@@ -55,6 +55,7 @@ import json
 import random
 import threading
 import time
+import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -717,6 +718,9 @@ class RetrieverClient:
         self._loop = LoopThread()
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="retriever")
         self._chunks = asyncio.Semaphore(max_concurrency)  # the cap holds across callers too
+        # A client nobody closes (a rollout worker's) still closes its connections and its loop
+        # when collected or at exit.
+        self._closer = weakref.finalize(self, _shut_down, self._loop, self.transports, self._pool)
 
     # -- public API
 
@@ -758,16 +762,7 @@ class RetrieverClient:
         return False
 
     def close(self) -> None:
-        async def close_transports() -> None:
-            for transport in self.transports:
-                if hasattr(transport, "aclose"):
-                    await transport.aclose()
-
-        self._loop.close(close_transports)
-        self._pool.shutdown(wait=True)
-        for transport in self.transports:
-            if hasattr(transport, "close"):
-                transport.close()
+        self._closer()  # once: later calls do nothing
 
     def __enter__(self) -> "RetrieverClient":
         return self
@@ -883,6 +878,19 @@ class RetrieverClient:
         else:
             base = max(retry_after or 0.0, max(self.backoff, 0.01) * doubling)
         return min(self._MAX_OVERLOAD_WAIT_S, base * self._rng.uniform(1.0, 1.5))
+
+
+def _shut_down(loop: Any, transports: list, pool: ThreadPoolExecutor) -> None:
+    async def close_transports() -> None:
+        for transport in transports:
+            if hasattr(transport, "aclose"):
+                await transport.aclose()
+
+    loop.close(close_transports)
+    pool.shutdown(wait=True)
+    for transport in transports:
+        if hasattr(transport, "close"):
+            transport.close()
 
 
 def _out_of_budget(refusal: Optional[TransportOverloaded], refusals: int,

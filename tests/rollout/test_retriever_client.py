@@ -740,3 +740,25 @@ def test_all_replicas_down_is_a_counted_failure_not_an_exception():
         assert [r.kind for r in res] == ["connection", "connection"]
         assert client.stats.snapshot()["failures/connection"] == 2
         assert not client.health()
+
+
+def test_a_client_nobody_closes_shuts_its_loop_down_when_collected(fake):
+    import gc
+
+    client = client_for(fake)
+    assert isinstance(client.batch_fetch([FetchSpec("text", 1)], ["manual_v2"])[0], RetrievedPage)
+    loop = client._loop.loop
+    del client
+    gc.collect()
+    assert loop.is_closed()
+
+
+def test_close_twice_and_blocking_transports_share_the_cap(fake):
+    from vrag_rollout.fixtures import RecordingTransport
+
+    client = RetrieverClient(None, transport=RecordingTransport(HttpTransport(fake.url)), max_batch=1,
+                             max_concurrency=2)
+    res = client.batch_fetch([FetchSpec("text", 1)] * 4, ["manual_v2"] * 4)  # blocking transport: pool
+    assert all(isinstance(r, RetrievedPage) for r in res) and fake.max_in_flight <= 2
+    client.close()
+    client.close()
