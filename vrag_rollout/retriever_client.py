@@ -750,6 +750,7 @@ class RetrieverClient:
 
     def health(self) -> bool:
         """True when at least one replica answers /health."""
+        self._check_open()
         for transport in self.transports:
             try:
                 if hasattr(transport, "get_async"):
@@ -772,7 +773,12 @@ class RetrieverClient:
 
     # -- internals
 
+    def _check_open(self) -> None:
+        if not self._closer.alive:
+            raise RuntimeError("this RetrieverClient is closed")
+
     def _run(self, n: int, chunk: Callable[[int, int], tuple]) -> list:
+        self._check_open()
         bounds = [(lo, min(lo + self.max_batch, n)) for lo in range(0, n, self.max_batch)]
         calls = [(hi - lo, *chunk(lo, hi)) for lo, hi in bounds]
         return self._loop.run(self._run_async(calls))

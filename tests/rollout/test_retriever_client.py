@@ -762,3 +762,5 @@ def test_close_twice_and_blocking_transports_share_the_cap(fake):
     assert all(isinstance(r, RetrievedPage) for r in res) and fake.max_in_flight <= 2
     client.close()
     client.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        client.batch_fetch([FetchSpec("text", 1)], ["manual_v2"])
