@@ -32,6 +32,7 @@ from retriever_server import contract
 from .retriever_client import (
     REFUSAL_STATUSES,
     RETRY_STATUSES,
+    HttpSettings,
     RawAnswer,
     TransportConnectionError,
     TransportError,
@@ -39,7 +40,6 @@ from .retriever_client import (
     TransportMalformed,
     TransportOverloaded,
     TransportTimeout,
-    accept_header,
     decode_json,
     parse_retry_after,
     retry_after_ms,
@@ -73,29 +73,12 @@ class LoopThread:
         self.loop.close()
 
 
-class AsyncHttpTransport:
-    """aiohttp transport: see the module docstring. Create and use it on one event loop."""
+class AsyncHttpTransport(HttpSettings):
+    """aiohttp transport: see the module docstring. Settings: `HttpSettings`. Create and use it
+    on one event loop."""
 
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        retries: int = 2,
-        backoff: float = 0.25,
-        api_key: str | None = None,
-        max_connections: int = 4,
-        on_retries: Callable[[int], None] | None = None,
-        fail_fast_on_connect: bool = False,
-        binary: bool = True,
-    ):
-        self.base_url = base_url.rstrip("/")
-        self._retries, self._backoff = retries, backoff
-        self._on_retries = on_retries
-        self._fail_fast_on_connect = fail_fast_on_connect  # with replicas: refused -> next one
-        self._max_connections = max(1, max_connections)
-        self._headers = {"Content-Type": contract.JSON, "Accept": accept_header(binary)}
-        if api_key:
-            self._headers["X-API-Key"] = api_key
+    def __init__(self, base_url: str, **settings: Any):
+        super().__init__(base_url, **settings)
         self._session: Optional[aiohttp.ClientSession] = None
         self._rng = random.Random()
 
@@ -177,7 +160,3 @@ class AsyncHttpTransport:
     def _done(self, error: TransportError, attempt: int) -> TransportError:
         self._count_retries(attempt - 1)
         return error
-
-    def _count_retries(self, n: int) -> None:
-        if n and self._on_retries is not None:
-            self._on_retries(n)

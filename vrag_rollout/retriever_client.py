@@ -234,10 +234,14 @@ def parse_retry_after(value: str) -> Optional[float]:
         return None
 
 
-class HttpTransport:
-    """urllib3 transport. Retries (with exponential backoff) live here, in urllib3's `Retry`:
-    timeouts, connection errors, 5xx and 429 are retried; other statuses are not. Replay
-    transports have no network faults, so they need no retries."""
+class HttpSettings:
+    """What both HTTP transports (`HttpTransport`, `retriever_aiohttp.AsyncHttpTransport`) take:
+    ``retries`` after the first try, ``backoff`` (seconds, doubled per retry), ``api_key`` (the
+    ``X-API-Key`` header), ``max_connections`` kept open, ``on_retries(n)`` (told how many
+    retries a call used), ``fail_fast_on_connect`` (a refused connection is not retried: with
+    replicas the chunk goes to the next one) and ``binary`` (ask for MessagePack answers, images
+    as bytes, where the server has them; False: JSON only, e.g. to record fixtures exactly as
+    JSON clients see them)."""
 
     def __init__(
         self,
@@ -251,17 +255,34 @@ class HttpTransport:
         fail_fast_on_connect: bool = False,
         binary: bool = True,
     ):
-        """``binary``: ask for MessagePack answers (images as bytes) where the server has them;
-        False asks for JSON only (e.g. to record fixtures exactly as JSON clients see them)."""
         self.base_url = base_url.rstrip("/")
-        self._retries = retries
+        self._retries, self._backoff = retries, backoff
+        self._max_connections = max(1, max_connections)
         self._on_retries = on_retries
+        self._fail_fast_on_connect = fail_fast_on_connect
+        self._headers = {"Content-Type": contract.JSON, "Accept": accept_header(binary)}
+        if api_key:
+            self._headers["X-API-Key"] = api_key
+
+    def _count_retries(self, n: int) -> None:
+        if n and self._on_retries is not None:
+            self._on_retries(n)
+
+
+class HttpTransport(HttpSettings):
+    """urllib3 transport. Retries (with exponential backoff) live here, in urllib3's `Retry`:
+    timeouts, connection errors, 5xx and 429 are retried; other statuses are not. Replay
+    transports have no network faults, so they need no retries. Settings: `HttpSettings`."""
+
+    def __init__(self, base_url: str, **settings: Any):
+        super().__init__(base_url, **settings)
+        retries, backoff = self._retries, self._backoff
         # urllib3 sleeps 0, 2*backoff, 4*backoff, ... between tries; the small jitter spreads the
         # retries of many rollout workers that failed at the same instant.
         self._retry = _RefusalAwareRetry(
             total=retries,
             # With replicas, a refused connection goes straight to another replica.
-            connect=0 if fail_fast_on_connect else None,
+            connect=0 if self._fail_fast_on_connect else None,
             backoff_factor=backoff,
             backoff_jitter=backoff / 2,
             backoff_max=10.0,
@@ -271,10 +292,7 @@ class HttpTransport:
             respect_retry_after_header=False,  # keep the worst-case latency bounded by our own numbers
             redirect=False,
         )
-        self._headers = {"Content-Type": contract.JSON, "Accept": accept_header(binary)}
-        if api_key:
-            self._headers["X-API-Key"] = api_key
-        self._pool = urllib3.PoolManager(num_pools=4, maxsize=max(1, max_connections), block=False)
+        self._pool = urllib3.PoolManager(num_pools=4, maxsize=self._max_connections, block=False)
 
     def post(self, path: str, body: dict, timeout: float) -> Any:
         return decode_answer(self.send(path, body, timeout))
@@ -323,11 +341,6 @@ class HttpTransport:
                 resp.status, f"retriever answered HTTP {resp.status} after {tries_text(used + 1)}", tries=used + 1
             )
         return resp
-
-    def _count_retries(self, n: int) -> None:
-        if n and self._on_retries is not None:
-            self._on_retries(n)
-
 
 def retry_after_ms(value: Optional[str]) -> Optional[float]:
     """The ``Retry-After-Ms`` header in seconds; None when absent or not a number >= 0."""
