@@ -6,8 +6,15 @@ assignment; a request reads ``current`` once when it starts and finishes on that
 reload lands meanwhile (the old objects live until their last request drops them). Every answer
 carries the version of the index that produced it (``X-Index-Version``).
 
-The version is the first 16 hex digits of the SHA-256 of the manifest, so two builds of the
-same sources with the same settings have the same version.
+The version is the first 16 hex digits of the SHA-256 of the manifest (of every backend built
+on a ``PageStore``: BM25, Qdrant, hybrid), so two builds of the same sources with the same
+settings have the same version, and any change of pages, text, settings or encoder changes it.
+
+Threads: requests read ``current`` (one reference read, no lock). ``current`` is assigned only
+under ``_reload_lock``, by ``reload`` (``POST /admin/reload``, a request thread) or by the
+follow thread, which re-checks under that lock that the path still names another directory, so
+any number of follow checks seeing one re-index load it once. See docs/retriever.md,
+*Concurrency model*.
 
 Re-indexing over the served path (``vrag-retriever index ... --out PATH``) leaves the served
 directory in place, moved aside, while this process reads it (``swap.py``), so answers stay
@@ -96,17 +103,18 @@ class IndexSlot:
             if now < self._next_check:
                 return loaded
             self._next_check = now + self._follow_s
-        try:
-            inode = os.stat(loaded.path).st_ino
-        except OSError:
-            return loaded  # mid-swap (recovery happens on reload): keep serving what we have
-        if inode != loaded.inode and not self._reload_lock.locked():
-            threading.Thread(target=self._reload_quietly, name="index-follow", daemon=True).start()
+        if _moved(loaded) and not self._reload_lock.locked():
+            threading.Thread(target=self._follow_quietly, name="index-follow", daemon=True).start()
         return loaded
 
-    def _reload_quietly(self) -> None:
+    def _follow_quietly(self) -> None:
         try:
-            self.reload()
+            with self._reload_lock:
+                # Another follow thread, or a POST /admin/reload, may have loaded it meanwhile.
+                if not _moved(self.current):
+                    return
+                loaded = self._switch(self.current.path)
+            _collect_quietly(loaded.path)
         except Exception:  # noqa: BLE001 - keep serving the loaded index; retried on a later check
             _log.exception("reloading the re-indexed %s failed; still serving %s",
                            self.current.path, self.current.version)
@@ -133,10 +141,33 @@ class IndexSlot:
             if target is None:
                 raise ValueError("this server was started from an in-memory backend; name an "
                                  "index directory to load")
-            loaded = self._load(Path(target))
-            self.current = loaded  # the switch: one reference assignment
-            self._on_load(loaded)
-        # The previous index's files are deleted once its last request is done with them (its
-        # store's lock goes with it); those still in use are collected on a later reload.
-        collect(Path(target))
+            loaded = self._switch(target)
+        _collect_quietly(loaded.path)
         return loaded
+
+    def _switch(self, target) -> LoadedIndex:
+        # Call with _reload_lock held.
+        loaded = self._load(Path(target))
+        self.current = loaded  # the switch: one reference assignment
+        self._on_load(loaded)
+        return loaded
+
+
+def _moved(loaded: LoadedIndex) -> bool:
+    """True when the path ``loaded`` was loaded from now names another directory."""
+    if loaded.path is None:
+        return False
+    try:
+        return os.stat(loaded.path).st_ino != loaded.inode
+    except OSError:
+        return False  # mid-swap (recovery happens on reload): keep serving what we have
+
+
+def _collect_quietly(path: str) -> None:
+    # The previous index's files are deleted once its last request is done with them (its
+    # store's lock goes with it); those still in use are collected on a later reload. The switch
+    # has happened: a failure here is only logged, never reported as a failed reload.
+    try:
+        collect(Path(path))
+    except OSError:
+        _log.warning("could not delete old copies beside %s", path, exc_info=True)

@@ -7,7 +7,9 @@ contiguous and sorted by page number, which is what lets search slice one docume
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -88,11 +90,21 @@ class Manifest:
                 raise ValueError(f"manifest: refusing image name {entry.image!r}")
 
 
-def read_manifest(index_dir: Path) -> Manifest:
-    path = Path(index_dir) / MANIFEST_NAME
-    if not path.is_file():
+def read_manifest(index_dir: Path, dir_fd: int | None = None) -> Manifest:
+    """The manifest of ``index_dir``, or with ``dir_fd`` of the directory open as ``dir_fd``
+    (whatever ``index_dir`` names by now; ``index_dir`` is then only used in messages)."""
+    name = MANIFEST_NAME if dir_fd is not None else Path(index_dir) / MANIFEST_NAME
+    try:
+        fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd)
+    except (FileNotFoundError, NotADirectoryError):
+        fd = None
+    if fd is not None and not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        fd = None
+    if fd is None:
         raise FileNotFoundError(f"{index_dir}: no {MANIFEST_NAME}; not an index directory")
-    return Manifest.from_json(path.read_text(encoding="utf-8"))
+    with open(fd, encoding="utf-8") as f:
+        return Manifest.from_json(f.read())
 
 
 def write_manifest(index_dir: Path, manifest: Manifest) -> None:

@@ -2,6 +2,11 @@
 
 Ids from requests are only ever dictionary keys here; file names come from the manifest, so no
 request can name a path.
+
+A store reads one directory for its whole life: the one its descriptor (taken with a shared
+lock, see ``swap.open_shared``) refers to, whatever the index path names later. The manifest
+and every page are read through that descriptor; a backend that loads more files by path
+checks ``is_at`` afterwards (``backends.base.open_whole``).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .manifest import DocEntry, Manifest, PageEntry, read_manifest
-from .swap import open_shared
+from .swap import names, open_shared
 
 
 class IndexReplacedError(OSError):
@@ -29,25 +34,43 @@ class PageImage:
 
 
 class PageStore:
-    def __init__(self, root: Path, manifest: Manifest):
+    def __init__(self, root: Path, manifest: Manifest, dir_fd: int | None = None):
+        """``dir_fd``: a locked descriptor of ``root`` (``swap.open_shared``) whose manifest
+        ``manifest`` is; the store owns it. Default: open ``root`` now."""
         self.root = Path(root).resolve()
         self.manifest = manifest
         # Re-indexing swaps a new directory in under the same name. Pages are read through a
         # descriptor of the directory opened here, so this store keeps serving the index it
         # opened; its shared lock keeps a swap from deleting that directory (see swap.py).
-        self._dir_fd = open_shared(self.root)
-        weakref.finalize(self, os.close, self._dir_fd)
+        self._dir_fd = open_shared(self.root) if dir_fd is None else dir_fd
+        self._closer = weakref.finalize(self, os.close, self._dir_fd)
         self._docs: dict[str, DocEntry] = {d.doc_id: d for d in manifest.docs}
         self._page_counts = {d.doc_id: d.num_pages for d in manifest.docs}
 
     @classmethod
     def open(cls, index_dir) -> "PageStore":
-        return cls(Path(index_dir), read_manifest(Path(index_dir)))
+        """The index ``index_dir`` names now: its directory locked first, then its manifest read
+        through the descriptor, so both are of the same directory even during a swap."""
+        fd = open_shared(Path(index_dir))
+        try:
+            manifest = read_manifest(Path(index_dir), dir_fd=fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(Path(index_dir), manifest, dir_fd=fd)
 
     @property
     def inode(self) -> int:
         """Inode of the directory this store reads (the same one even after a swap renamed it)."""
         return os.fstat(self._dir_fd).st_ino
+
+    def is_at(self, path) -> bool:
+        """True when ``path`` still names the directory this store reads."""
+        return names(Path(path), self._dir_fd)
+
+    def close(self) -> None:
+        """Let go of the directory now (else when the store is collected): a swap may delete it."""
+        self._closer()
 
     def documents(self) -> Mapping[str, int]:
         """doc_id -> number of pages, in index order."""

@@ -15,6 +15,13 @@ Invariant: after a ``kill -9`` at any instant, ``OUT`` is a complete index (old 
 ``OUT`` is missing and ``recover(OUT)`` (run by ``index`` and ``serve`` before anything else)
 completes the swap with the finished build or rolls back to the old index. Recovery also
 deletes builds and old directories that nobody holds.
+
+Concurrency: every rename and every deletion of these names happens under the parent lock, and
+a directory is deleted only when nobody holds a lock on it. So a build is created and claimed
+under the parent lock (else a collect could delete it in between), and a reader takes its
+shared lock first and then checks that the name still refers to what it locked (else a swap
+could have moved the directory aside and deleted it in between). The one deletion outside the
+parent lock is a builder removing its own failed build, which ``_siblings`` tolerates.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +39,8 @@ from .manifest import read_manifest
 
 _BUILDING = ".building-"
 _OLD = ".old-"
+# A name swapped again on every attempt to lock it is not going to settle; say so.
+_OPEN_ATTEMPTS = 5
 
 
 @contextlib.contextmanager
@@ -44,11 +54,31 @@ def _parent_lock(out_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def names(path: Path, fd: int) -> bool:
+    """True when ``path`` (still) names the directory open as ``fd``."""
+    try:
+        named = os.stat(path)
+    except OSError:  # missing: e.g. between the two renames of a swap
+        return False
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+
 def open_shared(directory: Path) -> int:
-    """A descriptor of ``directory`` holding a shared lock: a swap will not delete it."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    fcntl.flock(fd, fcntl.LOCK_SH)
-    return fd
+    """A descriptor of the directory ``directory`` names, holding a shared lock: a swap will not
+    delete it. The name is checked after locking: a directory swapped out (and deleted, being
+    unheld) between the open and the lock is let go and the new one is opened instead."""
+    for _ in range(_OPEN_ATTEMPTS):
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            if names(directory, fd):
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    raise OSError(f"{directory} was replaced {_OPEN_ATTEMPTS} times while being opened")
 
 
 def _unused(directory: Path) -> bool:
@@ -76,8 +106,17 @@ def _complete(directory: Path) -> bool:
 
 def _siblings(out_dir: Path, kind: str) -> list[Path]:
     prefix = f".{out_dir.name}{kind}"
-    found = [p for p in out_dir.parent.iterdir() if p.name.startswith(prefix) and p.is_dir()]
-    return sorted(found, key=lambda p: p.stat().st_ctime_ns, reverse=True)  # newest first
+    found = []
+    for p in out_dir.parent.iterdir():
+        if not p.name.startswith(prefix):
+            continue
+        try:  # a builder deletes its own failed build without the parent lock: it may vanish
+            st = p.stat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            found.append((st.st_ctime_ns, p))
+    return [p for _, p in sorted(found, reverse=True)]  # newest first
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -91,8 +130,10 @@ def _fsync_dir(directory: Path) -> None:
 def new_build_dir(out_dir: Path) -> tuple[Path, int]:
     """A fresh ``.OUT.building-*`` directory and the descriptor that claims it (close it after
     ``swap_in``, or on failure after removing the directory)."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}{_BUILDING}", dir=out_dir.parent))
-    return tmp, open_shared(tmp)
+    # Created and claimed under the parent lock: a collect in between would see it unheld.
+    with _parent_lock(out_dir):
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}{_BUILDING}", dir=out_dir.parent))
+        return tmp, open_shared(tmp)
 
 
 def swap_in(build: Path, out_dir: Path) -> None:

@@ -9,24 +9,31 @@ from __future__ import annotations
 
 import os
 
-from .base import Backend, Hit
+from .base import Backend, Hit, open_whole
 
 __all__ = ["Backend", "Hit", "open_backend"]
 
 
 def open_backend(index_dir, encoder: str | None = None) -> Backend:
-    """The backend an index directory was built for.
+    """The backend an index directory was built for, loaded whole from one directory even while
+    a re-index swaps it (``base.open_whole``).
 
     ``encoder`` (default: ``$VRAG_RETRIEVER_ENCODER``, else the manifest's) is checked against the
     encoder the index was built with (``dense_index.resolve_encoder``); a mismatch raises
     ``EncoderMismatch`` (a ValueError).
     """
-    from ..dense_index import ENV_ENCODER, resolve_encoder
-    from ..store import PageStore
+    from ..dense_index import ENV_ENCODER
 
-    store = PageStore.open(index_dir)
+    requested = encoder or os.environ.get(ENV_ENCODER) or None
+    encoders: dict = {}  # spec -> loaded encoder, kept if a swap makes the load start over
+    return open_whole(index_dir, lambda store: _backend_for(store, requested, encoders))
+
+
+def _backend_for(store, encoder: str | None, encoders: dict) -> Backend:
+    from ..dense_index import resolve_encoder
+
     info = store.manifest.backend
-    spec = resolve_encoder(info, encoder or os.environ.get(ENV_ENCODER) or None)
+    spec = resolve_encoder(info, encoder)
     kind = info.get("kind")
     if kind == "bm25":
         from .bm25 import Bm25Backend
@@ -38,8 +45,15 @@ def open_backend(index_dir, encoder: str | None = None) -> Backend:
         from .fusion import HybridBackend
         from .qdrant import QdrantBackend
 
-        dense = QdrantBackend.from_store(store, load_encoder(spec))
+        if spec not in encoders:
+            encoders[spec] = load_encoder(spec)
+        dense = QdrantBackend.from_store(store, encoders[spec])
         if info.get("search", "hybrid") == "dense":
             return dense
-        return HybridBackend(Bm25Backend.from_store(store), dense, k=int(info.get("rrf_k", 60)))
+        try:
+            lexical = Bm25Backend.from_store(store)
+        except BaseException:
+            dense.close()
+            raise
+        return HybridBackend(lexical, dense, k=int(info.get("rrf_k", 60)))
     raise ValueError(f"index uses backend {kind!r}, which this build does not provide")

@@ -14,10 +14,15 @@ wire format or the client changes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
-from ..store import PageImage, PageStore
+from ..store import IndexReplacedError, PageImage, PageStore
+
+# A load that a swap overtakes this many times in a row is not going to settle; say so.
+LOAD_ATTEMPTS = 3
+B = TypeVar("B", bound="Backend")
 
 
 @dataclass(frozen=True)
@@ -73,3 +78,28 @@ class StoreBackend(Backend, ABC):
 
     def page_text(self, doc_id: str, page: int) -> str:
         return self.store.page_text(doc_id, page)
+
+
+def open_whole(index_dir, make: Callable[[PageStore], B]) -> B:
+    """``make(store)`` over the index ``index_dir`` names, all of it from one directory.
+
+    ``make`` may load files by path (``store.root / ...``: bm25s and Qdrant take paths), and a
+    re-index may swap another directory in under that path meanwhile. So the path is checked to
+    still name the store's directory once ``make`` is done (it never names that directory again
+    once swapped out); if not, the mixed result is closed and the load starts over.
+    """
+    for _ in range(LOAD_ATTEMPTS):
+        store = PageStore.open(index_dir)
+        try:
+            backend = make(store)
+        except Exception:
+            if store.is_at(index_dir):
+                raise  # a real failure, not a swap overtaking the load
+            store.close()
+            continue
+        if store.is_at(index_dir):
+            return backend
+        backend.close()
+        store.close()
+    raise IndexReplacedError(f"{index_dir} was re-indexed {LOAD_ATTEMPTS} times while being "
+                             f"loaded; load it again")

@@ -27,7 +27,7 @@ import numpy as np
 from bm25s.stopwords import STOPWORDS_EN
 
 from ..store import PageStore
-from .base import Hit, StoreBackend
+from .base import Hit, StoreBackend, open_whole
 
 SUBDIR = "bm25"
 HEADINGS_SUBDIR = "bm25_headings"
@@ -129,7 +129,7 @@ class Bm25Backend(StoreBackend):
 
     @classmethod
     def open(cls, index_dir, ranking: Mapping | None = None) -> "Bm25Backend":
-        return cls.from_store(PageStore.open(index_dir), ranking)
+        return open_whole(index_dir, lambda store: cls.from_store(store, ranking))
 
     def documents(self) -> Mapping[str, int]:
         return self.store.documents()

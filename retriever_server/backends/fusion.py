@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
 
-from ..store import PageImage
+from ..store import PageImage, PageStore
 from .base import Backend, Hit
 
 RRF_K = 60
@@ -33,6 +33,12 @@ class HybridBackend(Backend):
 
     def __init__(self, lexical: Backend, dense: Backend, k: int = RRF_K, depth: int = MIN_DEPTH):
         self.lexical, self.dense, self.k, self.depth = lexical, dense, k, depth
+
+    @property
+    def store(self) -> PageStore | None:
+        """The index's ``PageStore`` (the lexical half's; ``open_backend`` gives both halves the
+        same one): the server identifies and versions the index by it, as for one backend."""
+        return getattr(self.lexical, "store", None)
 
     def documents(self) -> Mapping[str, int]:
         return self.lexical.documents()

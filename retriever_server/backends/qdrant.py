@@ -35,6 +35,10 @@ DOC_FIELD, PAGE_FIELD = "doc_id", "page"
 UPSERT_BATCH = 32
 
 
+class FolderInUseError(OSError):
+    """A local-mode Qdrant folder is open in another client (Qdrant allows one per folder)."""
+
+
 def connect(location: Mapping, index_dir: Path):
     """A ``QdrantClient`` for a manifest's ``qdrant`` entry (``{"path": ...}`` or ``{"url": ...}``)."""
     from qdrant_client import QdrantClient
@@ -44,7 +48,14 @@ def connect(location: Mapping, index_dir: Path):
     sub = location.get("path", LOCAL_SUBDIR)
     if sub != LOCAL_SUBDIR:
         raise ValueError(f"unexpected qdrant directory {sub!r} in manifest")
-    return QdrantClient(path=str(Path(index_dir) / LOCAL_SUBDIR))
+    try:
+        return QdrantClient(path=str(Path(index_dir) / LOCAL_SUBDIR))
+    except RuntimeError as exc:  # Qdrant's lock on the folder (it never waits for it)
+        raise FolderInUseError(
+            f"the vectors of {Path(index_dir).name} (Qdrant local mode) are open in another "
+            f"client: this process serves that very directory already (reloading it changes "
+            f"nothing; re-index first), or another process does (serve it from one process "
+            f"only)") from exc
 
 
 def _create_collection(client, name: str, dim: int, server: bool) -> None:
