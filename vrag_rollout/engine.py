@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from contextlib import contextmanager
@@ -149,27 +150,41 @@ class VLLMEngine:
         return [_turn_output(out.outputs[0]) for out in outputs]
 
 
+# Numbers the ContinuousEngine runs of this process: part of every request id, so ids never repeat
+# across rollout calls, failed ones and other rollouts on the same engine included. Ranks of a
+# tensor-parallel group run the same calls in lockstep, so they number them alike.
+_RUNS = itertools.count()
+
+
 class ContinuousEngine:
     """Requests added and finished one by one (`add_request`/`step`): a sample's next turn can
-    start while others are still generating."""
+    start while others are still generating. One instance per rollout call, used by the
+    schedule's loop thread only."""
 
     def __init__(self, llm: Any):
         self._engine = llm.llm_engine
         self._owners: dict[str, Any] = {}
+        self._run = next(_RUNS)
+        self.foreign_aborted = 0  # requests found in the engine that this run did not add
 
     @property
     def busy(self) -> bool:
         return bool(self._owners)
 
-    def submit(self, request_id: str, prompt: dict, params: Any, owner: Any) -> None:
+    def submit(self, name: str, prompt: dict, params: Any, owner: Any) -> str:
+        """Add a request named `name` (unique within this run); returns its engine request id."""
         from vllm.sampling_params import RequestOutputKind
 
         # Only finished requests are read. The default (cumulative) kind makes every step build
         # an output, with all tokens and logprobs so far, for every running request: quadratic
         # work in the turn's length that `LLM.generate` (the synchronized schedule) never does.
         params.output_kind = RequestOutputKind.FINAL_ONLY
+        request_id = f"vrag-{self._run}-{name}"
+        if request_id in self._owners:
+            raise ValueError(f"request {request_id!r} is already in the engine")
         self._engine.add_request(request_id, prompt, params)
         self._owners[request_id] = owner
+        return request_id
 
     def abort_all(self) -> None:
         """Abort every request still in the engine (on an error: none may outlive the call)."""
@@ -178,10 +193,15 @@ class ContinuousEngine:
             self._owners.clear()
 
     def step(self) -> list[tuple[Any, TurnOutput]]:
-        """One engine step; (owner, output) of every request that finished in it."""
+        """One engine step; (owner, output) of every request of this run that finished in it.
+        A request of another run (one whose abort failed) is aborted, never mistaken for ours."""
         finished = []
         for result in self._engine.step():
-            if result.finished:
+            if result.request_id not in self._owners:
+                if not result.finished:
+                    self._engine.abort_request([result.request_id])
+                self.foreign_aborted += 1
+            elif result.finished:
                 finished.append((self._owners.pop(result.request_id), _turn_output(result.outputs[0])))
         return finished
 

@@ -7,7 +7,8 @@ timeout on that rank only, whether a background call happens to be done at this 
 make the ranks' episodes diverge and the collective engine hang or mix them up.
 
 Contract: `share(compute)` runs `compute()` on the group's source rank only and returns its result
-on every rank, or raises its exception on every rank. The schedules route every retriever
+on every rank, or raises its exception on every rank (any `BaseException`: an interrupt on the
+source still reaches the broadcast, so every rank leaves together). The schedules route every retriever
 outcome, and every "is the tool result in yet?" decision, through it, so each rank's episodes
 are a function of the source rank's observations alone. Outcomes are broadcast raw (pages as
 the retriever sent them: JPEG bytes or base64); each rank decodes them itself, which is
@@ -16,6 +17,7 @@ deterministic.
 
 from __future__ import annotations
 
+import pickle
 from typing import Any, Callable, Optional, TypeVar
 
 T = TypeVar("T")
@@ -47,16 +49,30 @@ class GroupSync:
         import torch.distributed as dist
 
         payload: list = [None]
+        error: Optional[BaseException] = None
         if self.is_source:
             try:
                 payload[0] = ("ok", compute())
-            except Exception as error:  # every rank raises it, so none waits forever on the others
-                payload[0] = ("error", error)
+            except BaseException as raised:  # KeyboardInterrupt and SystemExit too: every rank
+                error = raised  # raises it, so none waits forever on the others
+                payload[0] = ("error", portable(raised))
         dist.broadcast_object_list(payload, src=self.source_rank, group=self.group)
         status, value = payload[0]
+        if error is not None:
+            raise error  # the source raises its own exception, traceback included
         if status == "error":
             raise value
         return value
+
+
+def portable(error: BaseException) -> BaseException:
+    """`error` if it survives pickling (the broadcast pickles it), else a RuntimeError naming it:
+    an exception the source cannot send would leave the other ranks waiting."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:  # noqa: BLE001 - any pickling failure
+        return RuntimeError(f"{type(error).__name__} on the source rank: {error}")
 
 
 def sync_for(tensor_parallel_size: int) -> Optional[GroupSync]:

@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+from .serial_tokenizer import serial
+
 RESULT_OPEN = "<result>"
 RESULT_CLOSE = "</result>"
 
@@ -59,23 +61,30 @@ class Observation:
 
 @dataclass
 class ObservationBuilder:
+    """Safe to call from several threads at once: the tokenizer is used through its lock
+    (`serial_tokenizer`), and nothing else here changes after construction."""
+
     tokenizer: Any
     vision: VisionTokens
     max_text_tokens: int = 512
-    _cache: dict = field(default_factory=dict, repr=False)
+    _open: tuple[int, ...] = field(init=False, repr=False)
+    _close: tuple[int, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.tokenizer = serial(self.tokenizer)
+        self._open = tuple(self.encode_text(RESULT_OPEN))
+        self._close = tuple(self.encode_text(RESULT_CLOSE))
 
     def encode_text(self, text: str) -> list[int]:
         """Plain text as ids; special-token strings inside page text stay plain text."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+        return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
 
-    def _literal(self, text: str) -> tuple[int, ...]:
-        if text not in self._cache:
-            self._cache[text] = tuple(self.encode_text(text))
-        return self._cache[text]
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids))
 
     @property
     def _overhead(self) -> int:
-        return len(self._literal(RESULT_OPEN)) + len(self._literal(RESULT_CLOSE))
+        return len(self._open) + len(self._close)
 
     def image_block(self, num_tokens: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(engine ids, trainer ids) of one image."""
@@ -141,4 +150,4 @@ class ObservationBuilder:
         return self.message(f"error: {message}", budget, is_error=True)
 
     def _wrap(self, inner: Sequence[int]) -> tuple[int, ...]:
-        return self._literal(RESULT_OPEN) + tuple(inner) + self._literal(RESULT_CLOSE)
+        return self._open + tuple(inner) + self._close

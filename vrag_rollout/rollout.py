@@ -30,6 +30,12 @@ from .prompt_images import engine_images, image_key, prompt_entries
 from .protocol import object_array
 from .sampling import BANNED_LOGIT_BIAS, SamplingPlan, data_parallel_rank, overrides_from_meta, request_seed
 from .schedules import ScheduleClock, run_continuous, run_turn_synchronized
+from .serial_tokenizer import serial
+
+
+# Seconds a tool batch may take beyond the retriever's own deadline: decoding and resizing its
+# pages and building the observations (milliseconds a page; this only bounds a stuck thread).
+DECODE_SLACK_S = 60.0
 
 
 class BaseRollout(ABC):
@@ -51,9 +57,10 @@ class vLLMRollout(BaseRollout):
             raise ValueError("prompt_length and response_length must be set (> 0) in the rollout config")
         # Before the engine starts: an unsupported model fails here, naming the supported families.
         self.family = detect_family(model_path, processor)
-        self.tokenizer = tokenizer
+        # Tool threads tokenize too: every use goes through the tokenizer's lock.
+        self.tokenizer = serial(tokenizer)
         self.processor = processor
-        self.vision_tokens = VisionTokens.from_tokenizer(tokenizer)
+        self.vision_tokens = VisionTokens.from_tokenizer(self.tokenizer)
         self.max_images = self.config.images_per_sample()
         self.inference_engine = inference_engine or build_llm(model_path, self.config, self.max_images)
         self.logprobs_mode = _check_engine_limits(self.config, self.inference_engine)
@@ -68,10 +75,11 @@ class vLLMRollout(BaseRollout):
             logprobs=self.config.calculate_log_probs,
         )
         self.observations = ObservationBuilder(
-            tokenizer, self.vision_tokens, max_text_tokens=self.config.max_fetch_text_tokens
+            self.tokenizer, self.vision_tokens, max_text_tokens=self.config.max_fetch_text_tokens
         )
         self.merge_size = _merge_size(processor)
-        self._step = 0  # rollout calls so far: part of every request seed
+        self._calls = 0  # rollout calls started so far
+        self._step = 0  # the number of the current call: part of every request seed
         # Also part of every seed: the same prompt on two data-parallel ranks gets other noise.
         self.dp_rank = data_parallel_rank if data_parallel_rank is not None else _dp_rank(self.config)
 
@@ -87,6 +95,9 @@ class vLLMRollout(BaseRollout):
 
     def generate_sequences(self, prompts: Any) -> Any:
         clock = ScheduleClock()
+        # The call's number is taken before anything can fail: no seed or request id of a failed
+        # call is used again by the next one.
+        self._step, self._calls = self._calls, self._calls + 1
         with self.update_sampling_params(**overrides_from_meta(prompts.meta_info)):
             n = self.sampling.n  # an override of n holds for this call only
             episodes = self._episodes(prompts, n)
@@ -97,7 +108,6 @@ class vLLMRollout(BaseRollout):
                 run_turn_synchronized(self, episodes, clock)
             for episode in episodes:
                 episode.finish("max_turns")  # no-op for episodes that already ended
-        self._step += 1
         return self._assemble(prompts, episodes, n, clock)
 
     # ---- one turn of one sample (the shared, pure step) ----
@@ -120,12 +130,24 @@ class vLLMRollout(BaseRollout):
 
     def _execute_tools(self, calls: list) -> list:
         """Observations for a batch of tool calls: the source rank's outcomes, decoded here."""
-        return self._observe_outcomes(calls, self.sync.share(lambda: self._tool_outcomes(calls)))
+        room = self._room(calls)
+        return self._observe_outcomes(calls, self.sync.share(lambda: self._tool_outcomes(calls)), room)
+
+    @staticmethod
+    def _room(calls: list) -> list[tuple[int, int]]:
+        """(response budget, image slots) of each call's episode, read on the loop thread when the
+        calls go out: what their observations may fill (a tool thread reads no episode)."""
+        return [(episode.remaining, episode.image_slots) for episode, _ in calls]
+
+    @property
+    def tool_deadline_s(self) -> Optional[float]:
+        """How long one batch of tool calls may take; None when no retriever states a bound."""
+        return None
 
     def _tool_outcomes(self, calls: list) -> list:
         raise RuntimeError("this rollout has no tools")  # no stop strings: tool calls cannot occur
 
-    def _observe_outcomes(self, calls: list, outcomes: list) -> list:
+    def _observe_outcomes(self, calls: list, outcomes: list, room: list) -> list:
         raise RuntimeError("this rollout has no tools")
 
     def _apply_tools(self, calls: list, results: list) -> None:
@@ -247,9 +269,9 @@ class vLLMRolloutAgent(vLLMRollout):
             from .tool_turns import TOOLS, ToolTurnTemplate
 
             template = _read_template(self.config.chat_template) if self.config.chat_template else None
-            self.tool_turns = ToolTurnTemplate(tokenizer, TOOLS, chat_template=template)
-            self.turn_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-            other_eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+            self.tool_turns = ToolTurnTemplate(self.tokenizer, TOOLS, chat_template=template)
+            self.turn_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+            other_eos = self.tokenizer.convert_tokens_to_ids("<|endoftext|>")
             if isinstance(other_eos, int) and other_eos != self.turn_end:
                 self.sampling.banned.append(other_eos)
 
@@ -262,6 +284,12 @@ class vLLMRolloutAgent(vLLMRollout):
     @property
     def max_turns(self) -> int:
         return self.config.max_turns
+
+    @property
+    def tool_deadline_s(self) -> Optional[float]:
+        # The client's own bound on one call, plus room to decode the pages it returns.
+        bound = getattr(self.retriever, "deadline_s", None)
+        return None if bound is None else float(bound) + DECODE_SLACK_S
 
     def _default_retriever(self) -> Any:
         from .retriever_client import RetrieverClient
@@ -345,14 +373,14 @@ class vLLMRolloutAgent(vLLMRollout):
             grouped[k][j] = outcome
         return grouped
 
-    def _observe_outcomes(self, calls: list, outcomes: list) -> list:
-        """Pages decoded and observations built for each call (no episode is changed)."""
+    def _observe_outcomes(self, calls: list, outcomes: list, room: list) -> list:
+        """Pages decoded and observations built for each call, within the `room` each episode had
+        when the calls went out (no episode is read or changed: this may run in a tool thread)."""
         if self.tool_turns is not None:
-            return [self.observer.observe_tool_turn(turn.calls, outs, episode.remaining, episode.image_slots,
-                                                    self.tool_turns)
-                    for (episode, turn), outs in zip(calls, outcomes)]
+            return [self.observer.observe_tool_turn(turn.calls, outs, budget, slots, self.tool_turns)
+                    for (_, turn), outs, (budget, slots) in zip(calls, outcomes, room)]
         return self.observer.observe_turn(
-            [(action, outcome, episode.remaining, episode.image_slots) for (episode, action), outcome in zip(calls, outcomes)]
+            [(action, outcome, budget, slots) for (_, action), outcome, (budget, slots) in zip(calls, outcomes, room)]
         )
 
     def _apply_tools(self, calls: list, results: list) -> None:

@@ -13,15 +13,22 @@ that runs them, so what an episode contains never depends on the schedule.
 Invariants: per-sample seeds and the shared step make the episodes of both schedules identical
 (timing decides when a turn runs, never what it samples or observes); the continuous loop ends
 only when every sample has ended and no retriever batch is out; if anything raises, every
-request still in the engine is aborted before the error propagates, and request ids carry the
-rollout call's number, so none can leak into the next call. Under tensor parallelism only the
-sync's source rank calls the retriever and decides which batches are back before each engine
-step; every rank applies that decision (`group_sync.py`).
+request still in the engine is aborted before the error propagates, and request ids are unique
+in the process (`engine.ContinuousEngine`), so none can leak into the next call. Under tensor
+parallelism only the sync's source rank calls the retriever and decides which batches are back
+before each engine step; every rank applies that decision (`group_sync.py`).
+
+Threads (docs/concurrency.md): the calling thread owns the engine and every episode. A tool
+thread gets a batch's calls and the budget and image slots of each episode, read when the batch
+went out, reads nothing else of an episode (its `doc_id` and `index` never change) and returns
+values; the loop applies them. Every wait for a tool batch has a deadline: the retriever's own
+(`driver.tool_deadline_s`), past which the call fails with `TimeoutError`.
 
 The driver is the rollout (`rollout.vLLMRollout`): the schedules call its per-turn hooks
 (`_ready`, `_request`, `_after_generation`, `_execute_tools`, `_tool_outcomes`,
-`_observe_outcomes`, `_apply_tools`) and read `sync`, `engine`, `inference_engine`, `max_turns`.
-`ScheduleClock` collects where the time went, for the batch's metrics.
+`_observe_outcomes`, `_apply_tools`, `_room`) and read `sync`, `engine`, `inference_engine`,
+`max_turns`, `tool_deadline_s`. `ScheduleClock` collects where the time went, for the batch's
+metrics.
 """
 
 from __future__ import annotations
@@ -82,6 +89,7 @@ def run_turn_synchronized(driver: Any, episodes: list[Episode], clock: ScheduleC
 @dataclass
 class _Batch:
     calls: list  # (episode, action)
+    room: list  # (budget, image slots) of each call's episode when the batch went out
     future: Optional[Future]  # on the source rank; None elsewhere
     sent: float
 
@@ -92,6 +100,7 @@ def run_continuous(driver: Any, episodes: list[Episode], clock: ScheduleClock, m
     # On one rank the tool thread decodes the pages too; across ranks every rank decodes the
     # source's broadcast outcomes itself (decoding is deterministic, thread timing is not).
     local = getattr(driver.sync, "is_local", False)
+    deadline_s = driver.tool_deadline_s
 
     def submit(episode: Episode) -> None:
         if driver._ready(episode):
@@ -99,17 +108,17 @@ def run_continuous(driver: Any, episodes: list[Episode], clock: ScheduleClock, m
             started = time.perf_counter()
             # vLLM processes the request's inputs (its images included) here: engine work, as
             # inside LLM.generate for the synchronized schedule.
-            engine.submit(f"{driver._step}-{episode.index}-{turns[episode.index]}", prompt, params, episode)
+            engine.submit(f"{episode.index}-{turns[episode.index]}", prompt, params, episode)
             clock.engine += time.perf_counter() - started
 
-    def tool_work(calls: list) -> Any:
+    def tool_work(calls: list, room: list) -> Any:
         outcomes = driver._tool_outcomes(calls)
-        return driver._observe_outcomes(calls, outcomes) if local else outcomes
+        return driver._observe_outcomes(calls, outcomes, room) if local else outcomes
 
     def returned(inflight: list[_Batch], block: bool) -> list:
         """(batch index, result) of the batches back now; with `block`, at least one."""
         if block:
-            wait([b.future for b in inflight], return_when=FIRST_COMPLETED)
+            await_one([b.future for b in inflight], [b.sent for b in inflight], deadline_s)
         return [(k, b.future.result()) for k, b in enumerate(inflight) if b.future.done()]
 
     for episode in episodes:
@@ -117,6 +126,7 @@ def run_continuous(driver: Any, episodes: list[Episode], clock: ScheduleClock, m
     waiting: list = []
     inflight: list[_Batch] = []
     tools = ThreadPoolExecutor(max_workers=max_inflight, thread_name_prefix="tools")
+    failed = True
     try:
         while engine.busy or waiting or inflight:
             if engine.busy:
@@ -146,17 +156,30 @@ def run_continuous(driver: Any, episodes: list[Episode], clock: ScheduleClock, m
                 inflight = [b for k, b in enumerate(inflight) if k not in done]
                 for batch, result in finished_batches:
                     clock.sample_tool_wait += (now - batch.sent) * len(batch.calls)
-                    results = result if local else driver._observe_outcomes(batch.calls, result)
+                    results = result if local else driver._observe_outcomes(batch.calls, result, batch.room)
                     driver._apply_tools(batch.calls, results)
                     for episode, _ in batch.calls:
                         turns[episode.index] += 1
                         submit(episode)
             if waiting and len(inflight) < max_inflight:
                 calls, waiting = waiting, []
-                future = tools.submit(tool_work, calls) if driver.sync.is_source else None
-                inflight.append(_Batch(calls, future, time.perf_counter()))
+                room = driver._room(calls)
+                future = tools.submit(tool_work, calls, room) if driver.sync.is_source else None
+                inflight.append(_Batch(calls, room, future, time.perf_counter()))
+        failed = False
     except BaseException:
         engine.abort_all()
         raise
     finally:
-        tools.shutdown(wait=True, cancel_futures=True)
+        # After an error a tool thread may still be waiting on the retriever: leave it (it
+        # returns values only and touches no episode) rather than wait for it here.
+        tools.shutdown(wait=not failed, cancel_futures=True)
+
+
+def await_one(futures: list[Future], sent: list[float], deadline_s: Optional[float]) -> None:
+    """Wait until one of `futures` is done; TimeoutError when none is by the deadline of the
+    oldest (`deadline_s` after it was sent; None: the retriever bounds its own calls)."""
+    timeout = None if deadline_s is None else max(0.0, min(sent) + deadline_s - time.perf_counter())
+    done, _ = wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
+    if not done:
+        raise TimeoutError(f"a retriever batch was not back within its deadline of {deadline_s:.1f} s")

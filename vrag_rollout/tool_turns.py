@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
 from .actions import MAX_QUERY_CHARS, Fetch, Invalid, Search
+from .serial_tokenizer import serial
 
 SEARCH_TOOL = {
     "type": "function",
@@ -181,10 +182,10 @@ class ToolTurnTemplate:
     given), for a fixed tool list."""
 
     def __init__(self, tokenizer: Any, tools: Sequence[dict] = TOOLS, chat_template: Optional[str] = None):
-        self.tokenizer = tokenizer
+        self.tokenizer = serial(tokenizer)  # called from the rollout's tool threads
         self.tools = list(tools)
         self.chat_template = chat_template
-        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self._base = [{"role": "user", "content": "q"},
                       {"role": "assistant", "content": "a", "tool_calls": [_DUMMY_CALL]}]
         # Refuse an unusable template now, not mid-rollout.
@@ -236,4 +237,4 @@ class ToolTurnTemplate:
 
     def observation_ids(self, results: Sequence[ToolResult]) -> list[int]:
         """The engine view: one `<|image_pad|>` per image, as the template writes it."""
-        return list(self.tokenizer.encode(self.observation_text(results), add_special_tokens=False))
+        return self.tokenizer.encode(self.observation_text(results), add_special_tokens=False)

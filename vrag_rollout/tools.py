@@ -153,7 +153,7 @@ class Observer:
         if found[0].modality == "text":
             ids = self.builder.encode_text(found[0].contents)[: self.builder.max_text_tokens]
             counts.text_pages.append(found[0].page_id)
-            return [], f"page {found[0].page_id}:\n" + self.builder.tokenizer.decode(ids)
+            return [], f"page {found[0].page_id}:\n" + self.builder.decode(ids)
         images = [(decoded[id(p)], p.page_id) for p in found if decoded[id(p)] is not None]
         counts.decode_errors += len(found) - len(images)
         if not images:

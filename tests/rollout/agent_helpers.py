@@ -85,17 +85,20 @@ ROPE_CLASSES = {
 class DelayedReplay:
     """The recorded retriever answering after a random delay of this process's own (so results
     come back at varying engine steps); counts the calls out at once, and can start raising an
-    unexpected error after `fail_after` calls (a bug in the retriever path)."""
+    unexpected error after `fail_after` calls (a bug in the retriever path). With `text_suffix`,
+    every text page it serves ends with that text (e.g. special-token strings a page may hold)."""
 
-    def __init__(self, low_s: float = 0.0, high_s: float = 0.03, fail_after: int | None = None):
+    def __init__(self, low_s: float = 0.0, high_s: float = 0.03, fail_after: int | None = None,
+                 text_suffix: str = ""):
         from tests.conftest import SAMPLE_RETRIEVAL
         from vrag_rollout.fixtures import FixtureTransport
 
         self.inner = FixtureTransport.load(SAMPLE_RETRIEVAL)
         self.low_s, self.high_s, self.fail_after = low_s, high_s, fail_after
+        self.text_suffix = text_suffix
         self.rng = random.Random()
         self.lock = threading.Lock()
-        self.out = self.most_out = self.calls = 0
+        self.out = self.most_out = self.calls = self.text_pages = 0
 
     def post(self, path, body, timeout):
         with self.lock:
@@ -106,10 +109,21 @@ class DelayedReplay:
             self.most_out = max(self.most_out, self.out)
         try:
             time.sleep(self.rng.uniform(self.low_s, self.high_s))
-            return self.inner.post(path, body, timeout)
+            answer = self.inner.post(path, body, timeout)
+            return self._with_suffix(answer, body) if self.text_suffix and path == "/batch_fetch" else answer
         finally:
             with self.lock:
                 self.out -= 1
+
+    def _with_suffix(self, answer, body):
+        out = []
+        for spec, item in zip(body["query"], answer):
+            if spec.startswith("text") and isinstance(item.get("contents"), str) and item.get("id") == spec:
+                item = dict(item, contents=item["contents"] + self.text_suffix)
+                with self.lock:
+                    self.text_pages += 1
+            out.append(item)
+        return out
 
     def get(self, path, timeout):
         return self.inner.get(path, timeout)
