@@ -186,13 +186,15 @@ class FixtureTransport:
         self.strict = strict
         self.source = source
         self.requests: Counter[str] = Counter()  # path -> number of requests, for tests
+        self._count_lock = threading.Lock()  # the client's pool calls post() from several threads
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, strict: bool = True) -> "FixtureTransport":
         return cls(Fixtures.load(path), strict=strict, source=os.fspath(path))
 
     def post(self, path: str, body: dict, timeout: float) -> Any:
-        self.requests[path] += 1
+        with self._count_lock:
+            self.requests[path] += 1
         queries, ids = _pairs(body)
         if path == "/batch_search":
             top_n = body.get("top_n")

@@ -153,3 +153,38 @@ def test_after_a_failed_call_ids_and_seeds_are_new_even_if_the_abort_failed(tiny
     for key in ("responses", "loss_mask", "position_ids"):
         assert torch.equal(after_failure.batch[key], second.batch[key]), key
     assert not engine.has_unfinished_requests()
+
+
+def test_a_retriever_call_past_its_deadline_fails_the_call_and_leaks_nothing(tiny_model_dir, tiny_processor,
+                                                                            tiny_llm, monkeypatch):
+    """A retriever that never answers: the continuous schedule gives up at the retriever's stated
+    deadline (plus the decoding slack) instead of waiting forever, and aborts every request."""
+    import threading
+    import time
+
+    import vrag_rollout.rollout as rollout_module
+
+    class Stuck:
+        deadline_s = 0.3
+
+        def __init__(self):
+            self.release = threading.Event()
+
+        def batch_search(self, queries, doc_ids, top_n):
+            self.release.wait(30)
+            return []
+
+        def batch_fetch(self, specs, doc_ids):
+            return self.batch_search(specs, doc_ids, 0)
+
+    monkeypatch.setattr(rollout_module, "DECODE_SLACK_S", 0.2)
+    stuck = Stuck()
+    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, stuck, n=2)
+    started = time.perf_counter()
+    try:
+        with pytest.raises(TimeoutError, match="deadline of 0.5 s"):
+            agent.generate_sequences(prompt_batch(tiny_processor, sample_prompts(4), agent))
+    finally:
+        stuck.release.set()
+    assert time.perf_counter() - started < 20
+    assert not tiny_llm.llm_engine.has_unfinished_requests()

@@ -126,3 +126,18 @@ def test_every_wrapper_of_one_tokenizer_shares_its_lock(builders):
     assert observer.builder.tokenizer.pad_token_id == tokenizer.pad_token_id
     with pytest.raises(AttributeError, match="without the tokenizer's lock"):
         observer.builder.tokenizer.batch_decode
+
+
+def test_a_tool_batch_past_its_deadline_fails_the_wait():
+    import time
+    from concurrent.futures import Future
+
+    from vrag_rollout.schedules import await_one
+
+    never, started = Future(), time.perf_counter()
+    with pytest.raises(TimeoutError, match="within its deadline of 0.2 s"):
+        await_one([never], [started], 0.2)
+    assert time.perf_counter() - started < 2
+    done = Future()
+    done.set_result([])
+    await_one([never, done], [started - 100, started], 0.2)  # one back: no wait, no error
