@@ -32,7 +32,8 @@ class ColQwen2Encoder(PageEncoder):
         self.processor = ColQwen2Processor.from_pretrained(self.path)
         self.dim = int(self.model.config.embedding_dim)
         self.batch_size = batch_size
-        # One forward pass at a time: the server calls in from several threads.
+        # One call at a time into the model or its processor: the server calls in from several
+        # threads, and the processor's tokenizer keeps its encode modes as state.
         self._lock = threading.Lock()
 
     def _embed(self, inputs) -> list[np.ndarray]:
@@ -50,11 +51,15 @@ class ColQwen2Encoder(PageEncoder):
         out: list[np.ndarray] = []
         for i in range(0, len(jpegs), self.batch_size):
             images = [Image.open(io.BytesIO(j)).convert("RGB") for j in jpegs[i:i + self.batch_size]]
-            out += self._embed(self.processor.process_images(images=images))
+            with self._lock:
+                inputs = self.processor.process_images(images=images)
+            out += self._embed(inputs)
         return out
 
     def encode_queries(self, queries: list[str]) -> list[np.ndarray]:
         out: list[np.ndarray] = []
         for i in range(0, len(queries), self.batch_size * 8):
-            out += self._embed(self.processor.process_queries(text=queries[i:i + self.batch_size * 8]))
+            with self._lock:
+                inputs = self.processor.process_queries(text=queries[i:i + self.batch_size * 8])
+            out += self._embed(inputs)
         return out
