@@ -113,6 +113,9 @@ class FlatStepLLM:
         for request_id in request_ids:
             self.running.pop(request_id, None)
 
+    def has_unfinished_requests(self):
+        return bool(self.running)
+
 
 def planned_turns(sample: int, max_turns: int) -> int:
     """A long tail: half the samples answer on turn 1 or 2, a few use every turn."""

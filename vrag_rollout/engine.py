@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
@@ -146,7 +147,16 @@ class VLLMEngine:
     def generate(self, prompts: Sequence[dict], params: Sequence[Any]) -> list[TurnOutput]:
         if not prompts:
             return []
+        # `LLM.generate` returns every request that finishes in the engine, not only its own:
+        # a leftover of a failed call would be paired with one of these samples.
+        engine = self.llm.llm_engine
+        abort_leftovers(engine)
+        if engine.has_unfinished_requests():
+            raise RuntimeError("the engine holds requests this rollout did not add; finish or abort them "
+                               "before a rollout (their outputs would be taken for the rollout's)")
         outputs = self.llm.generate(list(prompts), list(params), use_tqdm=False)
+        if len(outputs) != len(prompts):
+            raise RuntimeError(f"the engine returned {len(outputs)} outputs for {len(prompts)} requests")
         return [_turn_output(out.outputs[0]) for out in outputs]
 
 
@@ -154,25 +164,44 @@ class VLLMEngine:
 # across rollout calls, failed ones and other rollouts on the same engine included. Ranks of a
 # tensor-parallel group run the same calls in lockstep, so they number them alike.
 _RUNS = itertools.count()
+# Per vLLM engine, the requests a ContinuousEngine added that have neither finished nor been
+# aborted. Only a run that failed and whose abort failed too leaves some; the next run or
+# generate call on that engine aborts them before adding its own.
+_OPEN: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
+
+
+def _open_requests(engine: Any) -> set[str]:
+    return _OPEN.setdefault(engine, set())
+
+
+def abort_leftovers(engine: Any) -> int:
+    """Abort the requests earlier runs left in `engine`; how many there were."""
+    leftovers = _open_requests(engine)
+    count = len(leftovers)
+    if leftovers:
+        engine.abort_request(sorted(leftovers))
+        leftovers.clear()
+    return count
 
 
 class ContinuousEngine:
     """Requests added and finished one by one (`add_request`/`step`): a sample's next turn can
     start while others are still generating. One instance per rollout call, used by the
-    schedule's loop thread only."""
+    schedule's loop thread only. It starts by aborting what earlier runs left in the engine."""
 
     def __init__(self, llm: Any):
         self._engine = llm.llm_engine
         self._owners: dict[str, Any] = {}
         self._run = next(_RUNS)
-        self.foreign_aborted = 0  # requests found in the engine that this run did not add
+        abort_leftovers(self._engine)
+        self._open = _open_requests(self._engine)
 
     @property
     def busy(self) -> bool:
         return bool(self._owners)
 
-    def submit(self, name: str, prompt: dict, params: Any, owner: Any) -> str:
-        """Add a request named `name` (unique within this run); returns its engine request id."""
+    def submit(self, name: str, prompt: dict, params: Any, owner: Any) -> None:
+        """Add a request named `name` (unique within this run) on behalf of `owner`."""
         from vllm.sampling_params import RequestOutputKind
 
         # Only finished requests are read. The default (cumulative) kind makes every step build
@@ -182,26 +211,26 @@ class ContinuousEngine:
         request_id = f"vrag-{self._run}-{name}"
         if request_id in self._owners:
             raise ValueError(f"request {request_id!r} is already in the engine")
+        self._open.add(request_id)
         self._engine.add_request(request_id, prompt, params)
         self._owners[request_id] = owner
-        return request_id
 
     def abort_all(self) -> None:
-        """Abort every request still in the engine (on an error: none may outlive the call)."""
+        """Abort every request of this run still in the engine (on an error: none may outlive
+        the call; should the abort itself fail, the next run aborts them)."""
         if self._owners:
-            self._engine.abort_request(list(self._owners))
+            ids = list(self._owners)
             self._owners.clear()
+            self._engine.abort_request(ids)
+            self._open.difference_update(ids)
 
     def step(self) -> list[tuple[Any, TurnOutput]]:
         """One engine step; (owner, output) of every request of this run that finished in it.
-        A request of another run (one whose abort failed) is aborted, never mistaken for ours."""
+        An output of a request this run did not add is never taken for one of ours."""
         finished = []
         for result in self._engine.step():
-            if result.request_id not in self._owners:
-                if not result.finished:
-                    self._engine.abort_request([result.request_id])
-                self.foreign_aborted += 1
-            elif result.finished:
+            if result.finished and result.request_id in self._owners:
+                self._open.discard(result.request_id)
                 finished.append((self._owners.pop(result.request_id), _turn_output(result.outputs[0])))
         return finished
 

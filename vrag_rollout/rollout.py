@@ -29,7 +29,7 @@ from .observation import ObservationBuilder, VisionTokens
 from .prompt_images import engine_images, image_key, prompt_entries
 from .protocol import object_array
 from .sampling import BANNED_LOGIT_BIAS, SamplingPlan, data_parallel_rank, overrides_from_meta, request_seed
-from .schedules import ScheduleClock, run_continuous, run_turn_synchronized
+from .schedules import ScheduleClock, call_within, run_continuous, run_turn_synchronized
 from .serial_tokenizer import serial
 
 
@@ -131,7 +131,8 @@ class vLLMRollout(BaseRollout):
     def _execute_tools(self, calls: list) -> list:
         """Observations for a batch of tool calls: the source rank's outcomes, decoded here."""
         room = self._room(calls)
-        return self._observe_outcomes(calls, self.sync.share(lambda: self._tool_outcomes(calls)), room)
+        outcomes = self.sync.share(lambda: call_within(lambda: self._tool_outcomes(calls), self.tool_deadline_s))
+        return self._observe_outcomes(calls, outcomes, room)
 
     @staticmethod
     def _room(calls: list) -> list[tuple[int, int]]:

@@ -13,8 +13,9 @@ that runs them, so what an episode contains never depends on the schedule.
 Invariants: per-sample seeds and the shared step make the episodes of both schedules identical
 (timing decides when a turn runs, never what it samples or observes); the continuous loop ends
 only when every sample has ended and no retriever batch is out; if anything raises, every
-request still in the engine is aborted before the error propagates, and request ids are unique
-in the process (`engine.ContinuousEngine`), so none can leak into the next call. Under tensor
+request still in the engine is aborted before the error propagates; request ids are unique in
+the process, and a run first aborts what an earlier one left (`engine.ContinuousEngine`), so no
+request or output can leak into the next call. Under tensor
 parallelism only the sync's source rank calls the retriever and decides which batches are back
 before each engine step; every rank applies that decision (`group_sync.py`).
 
@@ -22,7 +23,8 @@ Threads (docs/concurrency.md): the calling thread owns the engine and every epis
 thread gets a batch's calls and the budget and image slots of each episode, read when the batch
 went out, reads nothing else of an episode (its `doc_id` and `index` never change) and returns
 values; the loop applies them. Every wait for a tool batch has a deadline: the retriever's own
-(`driver.tool_deadline_s`), past which the call fails with `TimeoutError`.
+(`driver.tool_deadline_s`), past which the call fails with `TimeoutError` (checked whenever the
+loop would block on the batch).
 
 The driver is the rollout (`rollout.vLLMRollout`): the schedules call its per-turn hooks
 (`_ready`, `_request`, `_after_generation`, `_execute_tools`, `_tool_outcomes`,
@@ -33,13 +35,16 @@ metrics.
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from .engine import ContinuousEngine
 from .episode import Episode
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -79,7 +84,7 @@ def run_turn_synchronized(driver: Any, episodes: list[Episode], clock: ScheduleC
                  if (action := driver._after_generation(ep, output, turn)) is not None]
         if calls:
             started = time.perf_counter()
-            results = driver._execute_tools(calls)
+            results = driver._execute_tools(calls)  # within driver.tool_deadline_s
             waited = time.perf_counter() - started
             clock.blocked_on_tools += waited
             clock.sample_tool_wait += waited * len(calls)
@@ -121,13 +126,13 @@ def run_continuous(driver: Any, episodes: list[Episode], clock: ScheduleClock, m
             await_one([b.future for b in inflight], [b.sent for b in inflight], deadline_s)
         return [(k, b.future.result()) for k, b in enumerate(inflight) if b.future.done()]
 
-    for episode in episodes:
-        submit(episode)
     waiting: list = []
     inflight: list[_Batch] = []
     tools = ThreadPoolExecutor(max_workers=max_inflight, thread_name_prefix="tools")
     failed = True
     try:
+        for episode in episodes:
+            submit(episode)
         while engine.busy or waiting or inflight:
             if engine.busy:
                 started = time.perf_counter()
@@ -174,6 +179,24 @@ def run_continuous(driver: Any, episodes: list[Episode], clock: ScheduleClock, m
         # After an error a tool thread may still be waiting on the retriever: leave it (it
         # returns values only and touches no episode) rather than wait for it here.
         tools.shutdown(wait=not failed, cancel_futures=True)
+
+
+def call_within(compute: Callable[[], T], deadline_s: Optional[float]) -> T:
+    """`compute()`, or TimeoutError when it has not returned within `deadline_s` (None: no
+    bound of our own). It runs on a daemon thread, which a call stuck for good leaves behind."""
+    if deadline_s is None:
+        return compute()
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(compute())
+        except BaseException as error:  # noqa: BLE001 - handed to the waiting thread
+            future.set_exception(error)
+
+    threading.Thread(target=run, name="tools", daemon=True).start()
+    await_one([future], [time.perf_counter()], deadline_s)
+    return future.result()
 
 
 def await_one(futures: list[Future], sent: list[float], deadline_s: Optional[float]) -> None:

@@ -7,6 +7,9 @@ encoding in different modes at once encode each other's text in the wrong mode, 
 The rollout's tool threads encode page text with special-token strings kept as text, while the
 tool-turn template encodes its rendering with them as special tokens.
 
+Only encoding writes state (decoding, chat-template rendering and vocabulary lookups read it),
+but every call is guarded alike so that no one has to know which do.
+
 Contract: every call through a `SerialTokenizer` holds the lock of the tokenizer it wraps, and
 that lock is one per tokenizer object (`lock_for`), so two wrappers of the same tokenizer, made
 anywhere, exclude each other. Code that keeps a tokenizer for use after construction keeps it
@@ -25,7 +28,8 @@ _locks_guard = threading.Lock()
 
 
 def lock_for(obj: Any) -> threading.RLock:
-    """The one lock of `obj` for as long as it lives (re-entrant: a chat template may encode)."""
+    """The one lock of `obj` for as long as it lives (re-entrant, so code that holds it may call
+    through another wrapper of the same tokenizer)."""
     with _locks_guard:
         lock = _locks.get(obj)
         if lock is None:
@@ -68,7 +72,7 @@ class SerialTokenizer:
         if name in ("raw", "lock"):  # not set yet (a copy being built): no recursion
             raise AttributeError(name)
         value = getattr(self.raw, name)
-        if callable(value):
+        if callable(value) or name.startswith("_") or name == "backend_tokenizer":  # the mutable backend
             raise AttributeError(f"{name!r} is not available through SerialTokenizer (it would run "
                                  "without the tokenizer's lock): add it to SerialTokenizer")
         return value

@@ -50,8 +50,9 @@ def test_several_batches_out_at_once_and_the_same_episodes(tiny_model_dir, tiny_
 
 @pytest.mark.parametrize("action_format", ["tags", "tool_call"])
 def test_both_schedules_give_the_same_episodes_in_every_family_and_format(family_model, action_format):
-    """Under jittered retrieval (tool threads building observations at once) with page text that
-    holds special-token strings: identical episodes, and every image pad run is a real page's."""
+    """Under jittered retrieval, with page text that holds special-token strings: identical
+    episodes, and every image pad run is a real page's. (Contention itself is too rare in one
+    rollout to catch a race; test_thread_safety.py drives the observer under it.)"""
     fm, outputs, served = family_model, {}, {}
     for mode in ("sync", "continuous"):
         transport = DelayedReplay(0.0, 0.03, text_suffix=SPECIAL_TEXT)
@@ -61,6 +62,11 @@ def test_both_schedules_give_the_same_episodes_in_every_family_and_format(family
                            action_regex=TEXT_AND_PAGES[action_format])
         prompts = demo_prompts(fm.processor.tokenizer, fm.processor, sample_prompts(6), agent.config)
         outputs[mode], served[mode] = agent.generate_sequences(prompts), transport.text_pages
+        # One tokenizer lock through everything that tokenizes while tool threads run.
+        locks = {agent.tokenizer.lock, agent.observations.tokenizer.lock, agent.observer.builder.tokenizer.lock}
+        if agent.tool_turns is not None:
+            locks.add(agent.tool_turns.tokenizer.lock)
+        assert len(locks) == 1
     for key in ("responses", "loss_mask", "position_ids"):
         assert torch.equal(outputs["sync"].batch[key], outputs["continuous"].batch[key]), key
     assert served["continuous"] > 0  # text pages with special-token strings were observed
@@ -107,11 +113,13 @@ def test_the_continuous_engine_only_builds_outputs_of_finished_requests(tiny_mod
     assert len(finished[0].outputs[0].token_ids) == 6 and len(finished[0].outputs[0].logprobs) == 6
 
 
+@pytest.mark.parametrize("mode", ["continuous", "sync"])
 def test_after_a_failed_call_ids_and_seeds_are_new_even_if_the_abort_failed(tiny_model_dir, tiny_processor, tiny_llm,
-                                                                          monkeypatch):
+                                                                          monkeypatch, mode):
     """Request ids and seeds never repeat across calls, a failed one included, so nothing rests on
     the abort alone: with an abort that did nothing, the failed call's requests stay in the engine,
-    and the next call must neither collide with them nor take their outputs for its own."""
+    and the next call, in either schedule, must neither collide with them nor take their outputs
+    for its own."""
     from vrag_rollout.engine import ContinuousEngine
 
     engine = tiny_llm.llm_engine
@@ -126,9 +134,10 @@ def test_after_a_failed_call_ids_and_seeds_are_new_even_if_the_abort_failed(tiny
     monkeypatch.setattr(ContinuousEngine, "abort_all", lambda self: None)
     batch = prompt_batch(tiny_processor, sample_prompts(6), make_agent(tiny_model_dir, tiny_processor, tiny_llm, None))
 
-    def agent(transport):
+    def agent(transport, rollout_mode="continuous"):
         client = RetrieverClient(None, transport=transport, retries=0, max_concurrency=8)
-        return make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=2, retriever_max_concurrency=4)
+        return make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=2, retriever_max_concurrency=4,
+                          rollout_mode=rollout_mode)
 
     try:
         call = 0
@@ -138,6 +147,7 @@ def test_after_a_failed_call_ids_and_seeds_are_new_even_if_the_abort_failed(tiny
         assert engine.has_unfinished_requests()  # the failed call's requests were left running
         call = 1
         failing.retriever = RetrieverClient(None, transport=DelayedReplay(0.02, 0.08), retries=0, max_concurrency=8)
+        failing.config.rollout_mode = mode
         after_failure = failing.generate_sequences(batch)
     finally:
         engine.abort_request([request_id for _, request_id, _ in submitted])
@@ -147,7 +157,7 @@ def test_after_a_failed_call_ids_and_seeds_are_new_even_if_the_abort_failed(tiny
     assert seeds[0] and seeds[1] and not seeds[0] & seeds[1]
     # The same as the second call of a history without failures: none of the old outputs mixed in.
     monkeypatch.undo()
-    clean = agent(DelayedReplay(0.02, 0.08))
+    clean = agent(DelayedReplay(0.02, 0.08), mode)
     clean.generate_sequences(batch)
     second = clean.generate_sequences(batch)
     for key in ("responses", "loss_mask", "position_ids"):
@@ -155,10 +165,11 @@ def test_after_a_failed_call_ids_and_seeds_are_new_even_if_the_abort_failed(tiny
     assert not engine.has_unfinished_requests()
 
 
+@pytest.mark.parametrize("mode", ["continuous", "sync"])
 def test_a_retriever_call_past_its_deadline_fails_the_call_and_leaks_nothing(tiny_model_dir, tiny_processor,
-                                                                            tiny_llm, monkeypatch):
-    """A retriever that never answers: the continuous schedule gives up at the retriever's stated
-    deadline (plus the decoding slack) instead of waiting forever, and aborts every request."""
+                                                                            tiny_llm, monkeypatch, mode):
+    """A retriever that never answers: either schedule gives up at the retriever's stated deadline
+    (plus the decoding slack) instead of waiting forever, and leaves no request in the engine."""
     import threading
     import time
 
@@ -179,7 +190,7 @@ def test_a_retriever_call_past_its_deadline_fails_the_call_and_leaks_nothing(tin
 
     monkeypatch.setattr(rollout_module, "DECODE_SLACK_S", 0.2)
     stuck = Stuck()
-    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, stuck, n=2)
+    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, stuck, n=2, rollout_mode=mode)
     started = time.perf_counter()
     try:
         with pytest.raises(TimeoutError, match="deadline of 0.5 s"):
@@ -188,3 +199,20 @@ def test_a_retriever_call_past_its_deadline_fails_the_call_and_leaks_nothing(tin
         stuck.release.set()
     assert time.perf_counter() - started < 20
     assert not tiny_llm.llm_engine.has_unfinished_requests()
+
+
+def test_a_synchronized_call_refuses_an_engine_holding_requests_of_someone_else(tiny_model_dir, tiny_processor,
+                                                                               tiny_llm):
+    """`LLM.generate` returns every request that finishes in the engine: a request the rollout did
+    not add would be paired with one of its samples. The call refuses instead."""
+    from vllm import SamplingParams
+
+    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, None, n=1, rollout_mode="sync")
+    engine = tiny_llm.llm_engine
+    engine.add_request("someone-else", {"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=4, seed=1))
+    try:
+        with pytest.raises(RuntimeError, match="holds requests this rollout did not add"):
+            agent.generate_sequences(prompt_batch(tiny_processor, sample_prompts(2), agent))
+    finally:
+        engine.abort_request(["someone-else"])
+    assert not engine.has_unfinished_requests()

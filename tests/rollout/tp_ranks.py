@@ -55,6 +55,13 @@ class ScriptedEngine:
         self.log.append(("add", self._steps, request_id, self._fingerprint(prompt), params.seed))
         self._pending[request_id] = (self._steps + params.seed % 4 + 1, self._turn(params))
 
+    def has_unfinished_requests(self):
+        return bool(self._pending)
+
+    def abort_request(self, request_ids):
+        for request_id in request_ids:
+            self._pending.pop(request_id, None)
+
     def step(self):
         self._steps += 1
         done = [rid for rid, (due, _) in self._pending.items() if due <= self._steps]
