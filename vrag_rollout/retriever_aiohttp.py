@@ -20,16 +20,20 @@ half a backoff of jitter, at most 10 s); other statuses are not. A 503/429 carry
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
+import os
 import random
 import threading
-from typing import Any, Awaitable, Callable, Optional, TypeVar
+from typing import Any, Awaitable, Callable, Coroutine, Optional, TypeVar
 
 import aiohttp
 
 from retriever_server import contract
 
 from .retriever_client import (
+    BACKOFF_MAX_S,
+    CLOSED,
     REFUSAL_STATUSES,
     RETRY_STATUSES,
     HttpSettings,
@@ -40,6 +44,8 @@ from .retriever_client import (
     TransportMalformed,
     TransportOverloaded,
     TransportTimeout,
+    _FORK_AWARE,
+    _INHERITED,
     decode_json,
     parse_retry_after,
     retry_after_ms,
@@ -47,40 +53,125 @@ from .retriever_client import (
 )
 
 T = TypeVar("T")
-_BACKOFF_MAX_S = 10.0
 
 
 class LoopThread:
-    """An asyncio event loop running in a daemon thread; `run` blocks the caller until a
-    coroutine finishes there (callable from any thread but the loop's own)."""
+    """An asyncio event loop in a daemon thread (started by the first `run`): the client's, in
+    the process that made it.
+
+    `run(coro, timeout)` blocks the calling thread until the coroutine finishes on the loop, at
+    most ``timeout`` seconds (then it is cancelled and TimeoutError raised). `close` may be called
+    from any thread, a finalizer's included (on the loop's own thread it does not wait for the
+    loop). `_lock` guards `_closed`, `_thread` and `_calls` (the futures of the callers waiting
+    in `run`): a call either starts before `close`, which cancels it (its caller raises
+    RuntimeError at once), or finds the loop closed. Where the loop cannot answer, `run` raises
+    RuntimeError at once: from the loop's own thread (it would wait for itself) and in a forked
+    child (the thread is the parent's)."""
 
     def __init__(self, name: str = "retriever-loop"):
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self._thread.start()
+        self._name = name
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread: Optional[threading.Thread] = None
+        self._calls: set[concurrent.futures.Future] = set()
 
-    def run(self, coro: Awaitable[T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+    def _main(self) -> None:
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()  # here, so a close() on this thread need not wait for it
 
-    def close(self, final: Optional[Callable[[], Awaitable[Any]]] = None) -> None:
-        """Run ``final()`` on the loop (e.g. closing sessions), then stop and close it."""
-        if self.loop.is_closed():
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        if os.getpid() != self._pid:  # before the lock: a parent's thread may have held it
+            _refuse(coro, "this event loop is the parent process's (this one is a forked child)")
+        if threading.current_thread() is self._thread:
+            _refuse(coro, "a RetrieverClient cannot be called from its own event loop's thread")
+        with self._lock:
+            if self._closed:
+                _refuse(coro, CLOSED)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._main, name=self._name, daemon=True)
+                self._thread.start()
+            future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+            self._calls.add(future)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.CancelledError:
+            raise RuntimeError(CLOSED) from None
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"retriever client: no answer within {timeout:g} s "
+                               f"(its event loop or a transport is stuck)") from None
+        finally:
+            with self._lock:
+                self._calls.discard(future)
+
+    def close(self, final: Optional[Callable[[], Awaitable[Any]]] = None, wait_s: float = 5.0) -> None:
+        """Cancel the calls in flight, run ``final()`` on the loop (e.g. closing sessions), stop
+        and close it; waits at most about 2 x ``wait_s`` (closing is local work)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            calls, self._calls = self._calls, set()
+            thread = self._thread
+        for future in calls:
+            future.cancel()
+        if os.getpid() != self._pid:
+            return  # a forked child: the loop and its thread are the parent's
+        if thread is None:  # never run: nothing was made on it
+            self.loop.close()
             return
-        if final is not None:
-            self.run(final())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=10)
-        self.loop.close()
+        try:
+            finished = asyncio.run_coroutine_threadsafe(self._finish(final, wait_s), self.loop)
+        except RuntimeError:  # the loop is closed already
+            return
+        if threading.current_thread() is thread:
+            return  # a finalizer on the loop itself: _finish runs once it returns
+        try:
+            finished.result(wait_s)
+        except concurrent.futures.TimeoutError:
+            pass  # the loop is stuck: leave it to its daemon thread
+        thread.join(wait_s)
+
+    async def _finish(self, final: Optional[Callable[[], Awaitable[Any]]], wait_s: float) -> None:
+        try:
+            # The calls' tasks end first, so no request is left using a session being closed.
+            tasks = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=wait_s)
+            if final is not None:
+                await asyncio.wait_for(final(), wait_s)
+        finally:
+            # Stop on the next round, after this task's result has reached close().
+            self.loop.call_soon(self.loop.stop)
+
+
+def _refuse(coro: Coroutine[Any, Any, Any], message: str) -> None:
+    coro.close()  # never to run: no "was never awaited" warning
+    raise RuntimeError(message)
 
 
 class AsyncHttpTransport(HttpSettings):
     """aiohttp transport: see the module docstring. Settings: `HttpSettings`. Create and use it
-    on one event loop."""
+    on one event loop; in a forked child it starts a new session."""
 
     def __init__(self, base_url: str, **settings: Any):
         super().__init__(base_url, **settings)
         self._session: Optional[aiohttp.ClientSession] = None
         self._rng = random.Random()
+        _FORK_AWARE.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        # The session's connections are the parent's sockets, on the parent's loop.
+        if self._session is not None:
+            _INHERITED.append(self._session)
+            self._session = None
+        self._rng = random.Random()  # else parent and child jitter in lockstep
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:  # made on the loop that uses it, as aiohttp requires
@@ -154,7 +245,7 @@ class AsyncHttpTransport(HttpSettings):
         # then 2, 4, ... x backoff with up to half a backoff of jitter.
         if attempt <= 1 or self._backoff <= 0:
             return 0.0
-        return min(_BACKOFF_MAX_S, self._backoff * 2 ** (attempt - 1)
+        return min(BACKOFF_MAX_S, self._backoff * 2 ** (attempt - 1)
                    + self._rng.random() * self._backoff / 2)
 
     def _done(self, error: TransportError, attempt: int) -> TransportError:

@@ -28,17 +28,27 @@ server's hint: `Retry-After-Ms` when the server sends it (this project's server 
 `Retry-After` (at least `backoff`), doubling per refusal of the chunk up to 8x, times a random
 factor in [1, 1.5) (so refused clients do not return in lockstep). Answers regrow the window.
 A refused chunk first moves to another replica that is not refusing. A chunk gets at most
-`overload_budget_s` seconds in all (waiting for room in a window counts too); then every item
-of it becomes a `RetrieverFailure("overloaded", ...)`. Refusals are counted in
+`overload_budget_s` seconds in all (waiting for room counts too: in a window, or for a slot
+under `max_concurrency` while other callers' chunks hold them); then every item of it becomes a
+`RetrieverFailure("overloaded", ...)`. Refusals are counted in
 `stats.overloaded`, apart from failures. Answers are decoded after the window's slot is given
 back: the window counts requests the server holds, not the client's own work.
 
-Network and server faults never escape `batch_search` / `batch_fetch` as an exception or a
-`None`: every item of an affected chunk becomes a `RetrieverFailure` whose message can be shown
-to the model as an observation. Each try is bounded by `timeout` (connect + read), so one chunk
-takes at most about replicas * ((retries + 1) * timeout + backoff * (2 + 4 + ...)) seconds,
-plus `overload_budget_s` while servers refuse. Programming errors (mismatched list lengths, `top_n < 1`, a bad
-`FetchSpec`) raise `ValueError`.
+Network and server faults, and whatever garbage a server sends, never escape `batch_search` /
+`batch_fetch` as an exception or a `None`: every item of an affected chunk becomes a
+`RetrieverFailure` whose message can be shown to the model as an observation. Programming
+errors (mismatched list lengths, `top_n < 1`, a bad `FetchSpec`) raise `ValueError`.
+
+Threads and deadlines: `batch_*`, `health` and `close` may be called from any number of threads
+at once. Each try is bounded by `timeout` (connect + read); one logical call to one replica by
+`call_bound_s` (its tries and the backoff between them; a blocking transport that overstays it
+fails as a timeout); a chunk by `overload_budget_s` plus one such call per replica; and so a `batch_*`
+call by `deadline_s`: past it (only if the client's event loop is stuck) the caller gets
+`TimeoutError`. `close()` (or collection, from any thread, finalizers on the client's own
+threads included) ends the calls in flight at once: their callers, and later calls, raise
+`RuntimeError("this RetrieverClient is closed")`. A forked child gets a fresh client (its own
+loop, pool, connections, windows and zeroed stats; `os.register_at_fork`); a transport passed
+in as `transport=` is the caller's to make fork-safe (this module's HTTP transports are).
 
 Answer format: the HTTP transports ask for MessagePack (``Accept: application/msgpack,
 application/json;q=0.5``); this project's server then sends each image as its JPEG bytes, a
@@ -52,6 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import threading
 import time
@@ -88,6 +99,26 @@ RETRY_STATUSES = frozenset([429, *range(500, 600)])
 # With a Retry-After header these are refusals by admission control, not faults.
 REFUSAL_STATUSES = frozenset([429, 503])
 ERROR_ID = contract.ERROR_ID
+BACKOFF_MAX_S = 10.0  # the longest wait between two tries of a call
+CLOSED = "this RetrieverClient is closed"
+# A call's deadline allows this much beyond what the transports' own timeouts add up to: the
+# client's own work (scheduling, decoding); those timeouts fire first unless something is stuck.
+SLACK_S = 1.0
+
+# Objects holding what a forked child must not use (the parent's threads, sockets, locks):
+# `_after_fork_in_child()` is called on each of them in the child.
+_FORK_AWARE: "weakref.WeakSet[Any]" = weakref.WeakSet()
+# What they held, kept for good in the child: closing (or collecting) it there would close
+# sockets and selectors that the parent still uses.
+_INHERITED: list = []
+
+
+def _after_fork_in_child() -> None:
+    for obj in list(_FORK_AWARE):
+        obj._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # --------------------------------------------------------------------------- data types
@@ -191,6 +222,15 @@ class _RefusalAwareRetry(Retry):
             return False
         return super().is_retry(method, status_code, has_retry_after)
 
+    def increment(self, *args: Any, **kwargs: Any) -> "Retry":
+        try:
+            return super().increment(*args, **kwargs)
+        except MaxRetryError as e:
+            # The tries made: the retries so far and this one. The budget may be far from spent
+            # (a fail-fast connect gives up after one try whatever `total` says).
+            e.tries = len(self.history) + 1  # type: ignore[attr-defined]
+            raise
+
 
 class RawAnswer(NamedTuple):
     """An answer's body and its ``Content-Type`` (None when absent), not yet decoded."""
@@ -214,6 +254,13 @@ class Transport(Protocol):
 
 def tries_text(n: int) -> str:
     return "1 try" if n == 1 else f"{n} tries"
+
+
+def call_bound_s(timeout: float, retries: int, backoff: float) -> float:
+    """The longest one logical call takes (the HTTP transports' policy): ``retries + 1`` tries
+    of at most ``timeout`` each, and the waits between them (see `HttpSettings`)."""
+    waits = sum(min(BACKOFF_MAX_S, backoff * (2 ** k + 0.5)) for k in range(1, retries))
+    return (retries + 1) * timeout + waits
 
 
 def accept_header(binary: bool) -> str:
@@ -285,14 +332,24 @@ class HttpTransport(HttpSettings):
             connect=0 if self._fail_fast_on_connect else None,
             backoff_factor=backoff,
             backoff_jitter=backoff / 2,
-            backoff_max=10.0,
+            backoff_max=BACKOFF_MAX_S,
             status_forcelist=RETRY_STATUSES,
             allowed_methods=None,  # POSTs here are idempotent lookups: retry them too
             raise_on_status=False,  # hand back the last 5xx so we can report its status
             respect_retry_after_header=False,  # keep the worst-case latency bounded by our own numbers
             redirect=False,
         )
-        self._pool = urllib3.PoolManager(num_pools=4, maxsize=self._max_connections, block=False)
+        self._pool = self._new_pool()
+        _FORK_AWARE.add(self)
+
+    def _new_pool(self) -> urllib3.PoolManager:
+        return urllib3.PoolManager(num_pools=4, maxsize=self._max_connections, block=False)
+
+    def _after_fork_in_child(self) -> None:
+        # The pooled connections are the parent's sockets: two processes on one would read
+        # each other's answers.
+        _INHERITED.append(self._pool)
+        self._pool = self._new_pool()
 
     def post(self, path: str, body: dict, timeout: float) -> Any:
         return decode_answer(self.send(path, body, timeout))
@@ -305,7 +362,8 @@ class HttpTransport(HttpSettings):
 
     def get(self, path: str, timeout: float) -> Any:
         # A health probe: one try; the caller decides how often to poll.
-        resp = self._request("GET", path, None, timeout, Retry(0, redirect=False, raise_on_status=False))
+        resp = self._request("GET", path, None, timeout,
+                             _RefusalAwareRetry(0, redirect=False, raise_on_status=False))
         try:
             return decode_json(resp.data)
         except TransportMalformed:
@@ -325,7 +383,7 @@ class HttpTransport(HttpSettings):
                 retries=retry,
             )
         except MaxRetryError as e:
-            tries = (retry.total or 0) + 1  # MaxRetryError means the whole budget was spent
+            tries = getattr(e, "tries", 1)  # set by _RefusalAwareRetry
             self._count_retries(tries - 1)
             raise _classify(e.reason, tries) from e
         except (_Urllib3Error, OSError) as e:  # not retryable per the policy: one try
@@ -364,7 +422,8 @@ def decode_json(data: bytes) -> Any:
     """An answer's body as JSON values; TransportMalformed when it is not JSON."""
     try:
         return _loads(data)
-    except (ValueError, UnicodeDecodeError) as e:  # msgspec.DecodeError is a ValueError
+    # msgspec.DecodeError is a ValueError; both decoders raise RecursionError past their depth limit
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise TransportMalformed("retriever sent a body that is not JSON") from e
 
 
@@ -380,7 +439,7 @@ def decode_answer(answer: Union[RawAnswer, bytes]) -> Any:
         raise TransportMalformed("retriever sent MessagePack, which needs msgspec installed")
     try:
         return _unpack(answer.data)
-    except ValueError as e:  # msgspec.DecodeError
+    except (ValueError, RecursionError) as e:  # msgspec.DecodeError is a ValueError
         raise TransportMalformed("retriever sent a body that is not MessagePack") from e
 
 
@@ -430,13 +489,19 @@ def _page_of(item: dict, page_id: str) -> int | None:
 
 def _item_failure(item: dict) -> RetrieverFailure:
     """An error item: the asker's mistake when its code says so, else a server fault."""
-    kind = "request" if item.get("code") in contract.REQUEST_CODES else "server"
+    code = item.get("code")  # a string when sent; anything else is a server fault too
+    kind = "request" if isinstance(code, str) and code in contract.REQUEST_CODES else "server"
     return RetrieverFailure(kind, item["contents"])
 
 
 def _score_of(item: dict) -> float | None:
     s = item.get("score")
-    return float(s) if isinstance(s, (int, float)) and not isinstance(s, bool) else None
+    if not isinstance(s, (int, float)) or isinstance(s, bool):
+        return None
+    try:
+        return float(s)
+    except OverflowError:  # an int no float holds (the standard library's JSON reads any)
+        return None
 
 
 def parse_search_results(data: Any, doc_ids: Sequence[str], top_n: int) -> list[list[RetrievedPage] | RetrieverFailure]:
@@ -491,6 +556,12 @@ class ClientStats:
     """Counters for metrics. Thread-safe; `snapshot()` gives flat floats, `reset()` zeroes."""
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reset()
+        _FORK_AWARE.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        # A thread of the parent may have held the lock at the fork; the counts are the parent's.
         self._lock = threading.Lock()
         self.reset()
 
@@ -668,7 +739,8 @@ class RetrieverClient:
     """See the module docstring. `base_url` is one URL, several (list or comma-separated), or
     None with `transport=`. `retries`, `backoff`, `api_key` and `binary` (ask for MessagePack
     answers; False: JSON only) configure the default HTTP transports; pass `transport=` (e.g. a
-    FixtureTransport) to replace them."""
+    FixtureTransport) to replace them. `deadline_s`: the longest one `batch_*` call takes, in
+    seconds (see "Threads and deadlines" in the module docstring)."""
 
     _MAX_OVERLOAD_WAIT_S = 10.0
     _MIN_OVERLOAD_WAIT_S = 0.002  # a hint of "0 ms" must not become a busy loop
@@ -704,8 +776,7 @@ class RetrieverClient:
         self.overload_budget_s = overload_budget_s
         self.down_s = down_s
         self.stats = ClientStats()
-        self._rng = random.Random()
-        from .retriever_aiohttp import AsyncHttpTransport, LoopThread
+        from .retriever_aiohttp import AsyncHttpTransport
 
         if transport is not None:
             self.transports: list[Any] = [transport]
@@ -724,16 +795,36 @@ class RetrieverClient:
                 for url in urls
             ]
         self.transport = self.transports[0]  # the first (or only) replica
+        # Deadlines, from the client's own numbers: one logical call to one replica (its tries
+        # and backoff), and one batch_* (the overload budget, then a call to every replica).
+        self._send_s = call_bound_s(timeout, retries, backoff) + SLACK_S
+        self.deadline_s = overload_budget_s + len(self.transports) * self._send_s + SLACK_S
+        self._start()
+        _FORK_AWARE.add(self)
+
+    def _start(self) -> None:
+        """This process's machinery: the loop and its state, the pool, the finalizer."""
+        from .retriever_aiohttp import LoopThread
+
         self._replicas = ReplicaSet(len(self.transports))
-        self._limits = [AdaptiveLimit(max_concurrency) for _ in self.transports]
+        self._limits = [AdaptiveLimit(self.max_concurrency) for _ in self.transports]
+        self._rng = random.Random()
         # Every chunk runs on this client's own event loop; a transport without `send_async`
         # (fixtures, a custom one) is called from a small pool of threads.
         self._loop = LoopThread()
-        self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="retriever")
-        self._chunks = asyncio.Semaphore(max_concurrency)  # the cap holds across callers too
+        self._pool = ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="retriever")
+        self._chunks = asyncio.Semaphore(self.max_concurrency)  # the cap holds across callers too
         # A client nobody closes (a rollout worker's) still closes its connections and its loop
         # when collected or at exit.
         self._closer = weakref.finalize(self, _shut_down, self._loop, self.transports, self._pool)
+
+    def _after_fork_in_child(self) -> None:
+        # The parent's loop and pool threads do not exist here and its windows count its
+        # requests: a client still open starts afresh (transports and stats see to themselves).
+        inherited = self._closer.detach()  # the parent's shutdown must not run here
+        if inherited is not None:
+            _INHERITED.append(inherited[2])  # (loop, transports, pool), not the client itself
+            self._start()
 
     # -- public API
 
@@ -762,20 +853,11 @@ class RetrieverClient:
         return self._run(len(specs), chunk)
 
     def health(self) -> bool:
-        """True when at least one replica answers /health."""
-        self._check_open()
-        for transport in self.transports:
-            try:
-                if hasattr(transport, "get_async"):
-                    self._loop.run(transport.get_async("/health", self.timeout))
-                else:
-                    transport.get("/health", self.timeout)
-            except TransportError:
-                continue
-            return True
-        return False
+        """True when at least one replica answers /health (one try each)."""
+        return self._loop.run(self._health(), len(self.transports) * (self.timeout + SLACK_S) + SLACK_S)
 
     def close(self) -> None:
+        """Calls in flight raise RuntimeError at once, as later calls do. From any thread."""
         self._closer()  # once: later calls do nothing
 
     def __enter__(self) -> "RetrieverClient":
@@ -786,15 +868,24 @@ class RetrieverClient:
 
     # -- internals
 
-    def _check_open(self) -> None:
-        if not self._closer.alive:
-            raise RuntimeError("this RetrieverClient is closed")
+    async def _health(self) -> bool:
+        for transport in self.transports:
+            try:
+                if hasattr(transport, "get_async"):
+                    probe = transport.get_async("/health", self.timeout)
+                else:
+                    probe = asyncio.get_running_loop().run_in_executor(
+                        self._pool, transport.get, "/health", self.timeout)
+                await asyncio.wait_for(probe, self.timeout + SLACK_S)
+            except (TransportError, asyncio.TimeoutError):
+                continue
+            return True
+        return False
 
     def _run(self, n: int, chunk: Callable[[int, int], tuple]) -> list:
-        self._check_open()
         bounds = [(lo, min(lo + self.max_batch, n)) for lo in range(0, n, self.max_batch)]
         calls = [(hi - lo, *chunk(lo, hi)) for lo, hi in bounds]
-        return self._loop.run(self._run_async(calls))
+        return self._loop.run(self._run_async(calls), self.deadline_s)
 
     async def _run_async(self, calls: list[tuple]) -> list:
         out: list = []
@@ -804,24 +895,38 @@ class RetrieverClient:
         return out
 
     async def _call(self, n: int, path: str, body: dict, parse: Callable[[Any], list]) -> list:
-        async with self._chunks:
-            start = time.monotonic()
+        # The overload budget counts from here: a chunk waiting for a slot under the cap (the
+        # other callers' chunks hold them) is waiting for room too.
+        start = time.monotonic()
+        deadline = start + self.overload_budget_s
+        try:
+            if not await _acquire_by(self._chunks, deadline):
+                raise _out_of_budget(None, 0, self.overload_budget_s)
+            start = time.monotonic()  # latency: from the slot on
             try:
-                results = parse(await self._post(path, body, start + self.overload_budget_s))
-            except TransportError as e:
-                results = [RetrieverFailure(e.kind, str(e))] * n
-            except MalformedResponse as e:
-                results = [RetrieverFailure("malformed", str(e))] * n
-            self.stats.record_call(n, time.monotonic() - start, results)
-            return results
+                results = parse(await self._post(path, body, deadline))
+            finally:
+                self._chunks.release()
+        except TransportError as e:
+            results = [RetrieverFailure(e.kind, str(e))] * n
+        except MalformedResponse as e:
+            results = [RetrieverFailure("malformed", str(e))] * n
+        self.stats.record_call(n, time.monotonic() - start, results)
+        return results
 
     async def _send(self, transport: Any, path: str, body: dict) -> Any:
         """The answer: a `RawAnswer` (or bytes) to decode, from `send_async` or `send`; else
-        the parsed values from a plain transport's `post`."""
+        the parsed values from a plain transport's `post`. A blocking transport that overstays
+        the client's bound for one call (one that ignores its timeout) fails as a timeout; one on
+        the loop bounds its own calls (aiohttp's per-try timeouts; else the caller's deadline)."""
         if hasattr(transport, "send_async"):
             return await transport.send_async(path, body, self.timeout)
         call = getattr(transport, "send", None) or transport.post
-        return await asyncio.get_running_loop().run_in_executor(self._pool, call, path, body, self.timeout)
+        answer = asyncio.get_running_loop().run_in_executor(self._pool, call, path, body, self.timeout)
+        try:
+            return await asyncio.wait_for(answer, self._send_s)
+        except asyncio.TimeoutError:
+            raise TransportTimeout(f"retriever gave no answer within {self._send_s:g} s") from None
 
     async def _post(self, path: str, body: dict, deadline: float) -> Any:
         """One chunk: over the replicas until one answers; raises the last TransportError."""
@@ -829,9 +934,13 @@ class RetrieverClient:
         refusals = 0  # of this chunk, by any replica
         refused_at: Optional[float] = None  # when the chunk started waiting out a refusal
         last_refusal: Optional[TransportOverloaded] = None
+        sent: set[int] = set()  # replicas this chunk went to
         while True:
             for i in self._replicas.order():
-                if i in failed:
+                # Past the budget a chunk goes only where it has not been yet: refusals with
+                # room in the windows cannot bounce it between replicas for ever, and it ends
+                # within the budget plus one call per replica.
+                if i in failed or (i in sent and time.monotonic() >= deadline):
                     continue
                 round_ = await self._limits[i].acquire(deadline)
                 if refused_at is not None:
@@ -845,6 +954,7 @@ class RetrieverClient:
                 # window's slot is given back, since the window counts requests the server
                 # holds, not this client's own work.
                 undecoded = hasattr(transport, "send_async") or hasattr(transport, "send")
+                sent.add(i)
                 try:
                     data = await self._send(transport, path, body)
                     outcome = "ok"
@@ -874,6 +984,8 @@ class RetrieverClient:
                         continue
                 self._replicas.mark_up(i)
                 return data
+            if time.monotonic() >= deadline:  # each replica left has refused it: give up
+                raise _out_of_budget(last_refusal, refusals, self.overload_budget_s)
 
     def _fail_over(self, i: int, failed: set[int]) -> None:
         """Replica ``i`` failed this chunk: it goes last for ``down_s``; re-raises the error
@@ -900,16 +1012,30 @@ class RetrieverClient:
 
 
 def _shut_down(loop: Any, transports: list, pool: ThreadPoolExecutor) -> None:
+    """Close a client, from any thread: a finalizer may run on the loop's own thread or on a
+    thread of the pool, so nothing here waits for either."""
+
     async def close_transports() -> None:
         for transport in transports:
             if hasattr(transport, "aclose"):
                 await transport.aclose()
 
     loop.close(close_transports)
-    pool.shutdown(wait=True)
+    # A blocking call in flight ends by its own timeout; its caller has already been answered.
+    pool.shutdown(wait=False, cancel_futures=True)
     for transport in transports:
         if hasattr(transport, "close"):
             transport.close()
+
+
+async def _acquire_by(semaphore: asyncio.Semaphore, deadline: float) -> bool:
+    """``semaphore.acquire()``, giving up (False) at the monotonic ``deadline``."""
+    if not semaphore.locked():
+        return await semaphore.acquire()  # at once, even with no time left
+    try:
+        return await asyncio.wait_for(semaphore.acquire(), max(0.0, deadline - time.monotonic()))
+    except asyncio.TimeoutError:
+        return False
 
 
 def _out_of_budget(refusal: Optional[TransportOverloaded], refusals: int,

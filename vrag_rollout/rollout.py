@@ -30,7 +30,7 @@ from .prompt_images import engine_images, image_key, prompt_entries
 from .protocol import object_array
 from .sampling import BANNED_LOGIT_BIAS, SamplingPlan, data_parallel_rank, overrides_from_meta, request_seed
 from .schedules import ScheduleClock, call_within, run_continuous, run_turn_synchronized
-from .serial_tokenizer import serial
+from .serial_tokenizer import private_copy
 
 
 # Seconds a tool batch may take beyond the retriever's own deadline: decoding and resizing its
@@ -57,8 +57,10 @@ class vLLMRollout(BaseRollout):
             raise ValueError("prompt_length and response_length must be set (> 0) in the rollout config")
         # Before the engine starts: an unsupported model fails here, naming the supported families.
         self.family = detect_family(model_path, processor)
-        # Tool threads tokenize too: every use goes through the tokenizer's lock.
-        self.tokenizer = serial(tokenizer)
+        # Tool threads tokenize too: every use goes through the tokenizer's lock, on a copy of the
+        # caller's tokenizer (the trainer tokenizes with its own, without the lock, and a failed
+        # call's tool threads may still be finishing when it does).
+        self.tokenizer = private_copy(tokenizer)
         self.processor = processor
         self.vision_tokens = VisionTokens.from_tokenizer(self.tokenizer)
         self.max_images = self.config.images_per_sample()

@@ -14,11 +14,14 @@ Contract: every call through a `SerialTokenizer` holds the lock of the tokenizer
 that lock is one per tokenizer object (`lock_for`), so two wrappers of the same tokenizer, made
 anywhere, exclude each other. Code that keeps a tokenizer for use after construction keeps it
 wrapped (`serial(tokenizer)` is idempotent); reading plain attributes (ids of special tokens) is
-safe without the lock, and `raw` is for construction-time use on one thread only.
+safe without the lock, and `raw` is for construction-time use on one thread only. A caller's
+own code never takes this lock, so the rollout works on a `private_copy` of the caller's
+tokenizer: nothing it runs on other threads can change the caller's.
 """
 
 from __future__ import annotations
 
+import copy
 import threading
 import weakref
 from typing import Any
@@ -81,3 +84,10 @@ class SerialTokenizer:
 def serial(tokenizer: Any) -> SerialTokenizer:
     """`tokenizer` wrapped (once: a wrapped one is returned as it is)."""
     return tokenizer if isinstance(tokenizer, SerialTokenizer) else SerialTokenizer(tokenizer)
+
+
+def private_copy(tokenizer: Any) -> SerialTokenizer:
+    """A wrapped copy of `tokenizer` that shares no state with it: for a component whose threads
+    may still run while the caller tokenizes with its own tokenizer, without this lock."""
+    raw = tokenizer.raw if isinstance(tokenizer, SerialTokenizer) else tokenizer
+    return SerialTokenizer(copy.deepcopy(raw))

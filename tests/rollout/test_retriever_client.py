@@ -24,11 +24,13 @@ from vrag_rollout.retriever_client import (
     RetrievedPage,
     RetrieverClient,
     RetrieverFailure,
+    TransportConnectionError,
     TransportHTTPError,
     TransportTimeout,
     parse_fetch_results,
     parse_search_results,
     parse_urls,
+    tries_text,
 )
 
 DOCS = {"annual_report": 5, "manual_v2": 3}
@@ -70,20 +72,24 @@ class FakeRetriever:
     empty requests get the correct wire answer. Actions: ("status", code), ("raw", bytes),
     ("json", obj), ("hang",) (sleeps until released, past any client timeout), ("refuse", s)
     (503 with `Retry-After: s`, as admission control answers), ("refuse_ms", ms) (the same with
-    `Retry-After: 0` and `Retry-After-Ms: ms`, as this project's server answers)."""
+    `Retry-After: 0` and `Retry-After-Ms: ms`, as this project's server answers). `keepalive`:
+    HTTP/1.1 connections kept open between requests (else one connection per request)."""
 
-    def __init__(self, delay: float = 0.0):
+    def __init__(self, delay: float = 0.0, keepalive: bool = False):
         self.script: list[tuple] = []
         self.delay = delay
         self.requests: list[tuple[str, dict, dict]] = []  # (path, headers, body)
         self.in_flight = 0
         self.max_in_flight = 0
         self.arrivals: list[tuple[str, int]] = []  # (action, requests in flight on arrival)
+        self.peers: list[int] = []  # the client's port, per request: which connection it came on
         self.lock = threading.Lock()
         self.release = threading.Event()
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if keepalive else "HTTP/1.0"
+
             def log_message(self, *args):  # keep test output quiet
                 pass
 
@@ -95,6 +101,7 @@ class FakeRetriever:
                 body = json.loads(raw)
                 with fake.lock:
                     fake.requests.append((self.path, dict(self.headers), body))
+                    fake.peers.append(self.client_address[1])
                     action = fake.script.pop(0) if fake.script else None
                     fake.in_flight += 1
                     fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
@@ -425,6 +432,59 @@ def test_bytes_are_an_image_never_a_text_page_nor_an_error_reason():
     assert hits == [RetrievedPage("d_2", "d", 2, "image", jpeg)]
 
 
+def test_error_item_with_an_unhashable_code_is_a_counted_failure(fake):
+    # `code` is only ever a string; a list (or any garbage) there is a server fault, not a crash.
+    fake.script = [("json", [{"id": "error", "contents": "bad page", "code": ["page_out_of_range"]},
+                             {"id": "error", "contents": "no such page", "code": "page_out_of_range"}]),
+                   ("json", [[{"id": "error", "contents": "cannot search", "code": {"x": 1}}]])]
+    with client_for(fake) as client:
+        res = client.batch_fetch([FetchSpec("image", 1), FetchSpec("image", 9)], ["manual_v2"] * 2)
+        assert res == [RetrieverFailure("server", "bad page"), RetrieverFailure("request", "no such page")]
+        assert client.batch_search(["q"], ["manual_v2"], top_n=1) == [RetrieverFailure("server", "cannot search")]
+        snap = client.stats.snapshot()
+        assert snap["failures/server"] == 2 and snap["failures/request"] == 1
+
+
+def test_a_body_nested_too_deep_to_decode_is_malformed(fake):
+    # Both decoders raise RecursionError (not ValueError) past their depth limit.
+    fake.script = [("raw", b"[" * 100_000)]
+    with client_for(fake) as client:
+        res = client.batch_fetch([FetchSpec("text", 1)], ["manual_v2"])
+    assert res == [RetrieverFailure("malformed", "retriever sent a body that is not JSON")]
+
+
+def test_a_score_no_float_can_hold_is_dropped():
+    # The standard library's JSON (the fallback without msgspec) reads any integer.
+    (hits,) = parse_search_results([[{"id": "d_1", "contents": "x", "score": 10**400}]], ["d"], top_n=1)
+    assert hits == [RetrievedPage("d_1", "d", 1, "image", "x", None)]
+
+
+@pytest.mark.parametrize("fail_fast, tries", [(True, 1), (False, 3)])
+def test_both_transports_report_the_tries_they_made(fail_fast, tries):
+    from vrag_rollout.retriever_aiohttp import AsyncHttpTransport
+
+    closed = FakeRetriever()
+    url = closed.url
+    closed.stop()  # a refused connection: fail-fast gives up after the first try
+    for cls in (HttpTransport, AsyncHttpTransport):
+        retried = []
+        transport = cls(url, retries=2, backoff=0.0, fail_fast_on_connect=fail_fast, on_retries=retried.append)
+
+        async def call():
+            try:
+                return await transport.send_async("/batch_fetch", {"query": [], "id": []}, 1.0)
+            finally:
+                await transport.aclose()
+
+        with pytest.raises(TransportConnectionError) as err:
+            if cls is HttpTransport:
+                transport.post("/batch_fetch", {"query": [], "id": []}, timeout=1.0)
+            else:
+                asyncio.run(call())
+        expected = f"retriever unreachable after {tries_text(tries)}"
+        assert (str(err.value), err.value.tries, sum(retried)) == (expected, tries, tries - 1), cls.__name__
+
+
 def test_http_transport_raises_typed_errors(fake):
     fake.script = [("status", 404), ("hang",)]
     transport = HttpTransport(fake.url, retries=0)
@@ -441,18 +501,21 @@ def test_http_transport_raises_typed_errors(fake):
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5)
     | st.binary(max_size=5),  # MessagePack answers carry bytes too
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["id", "contents", "page", "score", "x"]), inner, max_size=4),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["id", "contents", "page", "score", "code", "x"]), inner, max_size=4),
     max_leaves=12,
 )
 _item = st.fixed_dictionaries({"id": st.sampled_from(["error", "d_1", "image, 1", "text, 2", "zz"]),
-                               "contents": st.text(max_size=4) | st.binary(max_size=4)})
+                               "contents": st.text(max_size=4) | st.binary(max_size=4)},
+                              optional={"code": st.sampled_from(["page_out_of_range", "unreadable"]) | _json})
 _answer = st.lists(st.one_of(_item, st.lists(st.one_of(_item, _json), max_size=3), _json), min_size=0, max_size=4)
 
 
 @settings(max_examples=120, deadline=None, derandomize=True)
-@given(data=st.one_of(_json, _answer), n=st.integers(0, 4))
+@given(data=st.one_of(_json, _answer), n=st.integers(0, 4) | st.none())
 def test_parsers_never_crash_on_any_body(data, n):
     """Whatever the server sends: one outcome per request, or MalformedResponse; nothing else."""
+    if n is None:  # as many requests as the body has entries: the items themselves get parsed
+        n = min(len(data), 4) if isinstance(data, list) else 0
     specs = [FetchSpec("image", 1), FetchSpec("text", 2)] * 2
     for parse in (
         lambda: parse_search_results(data, ["d"] * n, 2),

@@ -66,7 +66,7 @@ def test_both_schedules_give_the_same_episodes_in_every_family_and_format(family
         locks = {agent.tokenizer.lock, agent.observations.tokenizer.lock, agent.observer.builder.tokenizer.lock}
         if agent.tool_turns is not None:
             locks.add(agent.tool_turns.tokenizer.lock)
-        assert len(locks) == 1
+        assert len(locks) == 1 and agent.tokenizer.raw is not fm.processor.tokenizer  # the rollout's own copy
     for key in ("responses", "loss_mask", "position_ids"):
         assert torch.equal(outputs["sync"].batch[key], outputs["continuous"].batch[key]), key
     assert served["continuous"] > 0  # text pages with special-token strings were observed
@@ -216,3 +216,16 @@ def test_a_synchronized_call_refuses_an_engine_holding_requests_of_someone_else(
     finally:
         engine.abort_request(["someone-else"])
     assert not engine.has_unfinished_requests()
+
+
+def test_the_rollout_waits_on_its_own_client_no_longer_than_the_clients_deadline(tiny_model_dir, tiny_processor,
+                                                                                  tiny_llm):
+    from vrag_rollout.rollout import DECODE_SLACK_S
+
+    config = dict(retriever_url="http://127.0.0.1:9", retriever_timeout=2.0, retriever_retries=1)
+    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, None, **config)
+    client = agent.retriever
+    assert isinstance(client, RetrieverClient)
+    assert client.deadline_s >= client.overload_budget_s + 2 * 2.0  # at least the tries and the budget
+    assert agent.tool_deadline_s == client.deadline_s + DECODE_SLACK_S
+    client.close()

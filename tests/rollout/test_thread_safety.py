@@ -18,7 +18,7 @@ from vrag_rollout.actions import Fetch, Invalid, Search
 from vrag_rollout.families import FAMILY_NAMES
 from vrag_rollout.observation import ObservationBuilder, VisionTokens
 from vrag_rollout.retriever_client import RetrievedPage, RetrieverFailure
-from vrag_rollout.serial_tokenizer import SerialTokenizer, lock_for, serial
+from vrag_rollout.serial_tokenizer import SerialTokenizer, lock_for, private_copy, serial
 from vrag_rollout.tiny_model import build_tiny_model, default_model_dir
 from vrag_rollout.tool_turns import TOOLS, ToolTurnTemplate
 from vrag_rollout.tools import Observer
@@ -141,3 +141,33 @@ def test_a_tool_batch_past_its_deadline_fails_the_wait():
     done = Future()
     done.set_result([])
     await_one([never, done], [started - 100, started], 0.2)  # one back: no wait, no error
+
+
+def test_threads_on_a_private_copy_never_change_the_callers_tokenizer(builders):
+    """The rollout's tool threads may still run after a failed call while the trainer tokenizes
+    with its own tokenizer, which never takes our lock: they work on a private copy."""
+    _, _, tokenizer = builders
+    builder = ObservationBuilder(private_copy(tokenizer), VisionTokens.from_tokenizer(tokenizer))
+    assert builder.tokenizer.raw is not tokenizer and builder.tokenizer.lock is not lock_for(tokenizer)
+    prompt = "<|im_start|>user\nq<|im_end|>"
+    expected = tokenizer.encode(prompt, add_special_tokens=False)
+    assert builder.encode_text(prompt) != expected  # the builder keeps special-token strings as text
+    stop = threading.Event()
+
+    def tool_thread() -> None:
+        while not stop.is_set():
+            builder.encode_text(prompt)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    threads = [threading.Thread(target=tool_thread) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        seen = [tokenizer.encode(prompt, add_special_tokens=False) for _ in range(3000)]
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+        sys.setswitchinterval(interval)
+    assert all(ids == expected for ids in seen)
