@@ -59,7 +59,7 @@ def _cmd_serve(args) -> int:
 
     recover(Path(args.index))  # finish or undo a re-index swap that a crash interrupted
     manifest = read_manifest(Path(args.index))  # fail fast, in this process, on a bad index dir
-    from .dense_index import ENV_ENCODER, resolve_encoder
+    from .encoders import ENV_ENCODER, resolve_encoder
 
     # Refuse an index built for another encoder (or none) before any worker starts.
     resolve_encoder(manifest.backend, args.encoder)

@@ -9,8 +9,8 @@ of hybrid search) and adds::
      "encoder": {"spec": "colqwen2:/abs/path", "fingerprint": "colqwen2:<hash>", "dim": 128},
      "qdrant": {"path": "qdrant", "collection": "pages"} | {"url": URL, "collection": NAME}}
 
-``resolve_encoder`` is the guard used when an index is opened: an index built for one encoder is
-never searched with another (different vectors would give meaningless scores silently).
+``encoders.resolve_encoder`` is the guard used when an index is opened: an index built for one
+encoder is never searched with another (different vectors would give meaningless scores silently).
 """
 
 from __future__ import annotations
@@ -19,15 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .backends.fusion import RRF_K
-from .encoders import encoder_fingerprint, parse_spec
+from .encoders import parse_spec
 
 BACKENDS = ("bm25", "qdrant")
 SEARCH_MODES = ("hybrid", "dense")
-ENV_ENCODER = "VRAG_RETRIEVER_ENCODER"
-
-
-class EncoderMismatch(ValueError):
-    """The index was built for another encoder (or for none)."""
 
 
 @dataclass(frozen=True)
@@ -74,28 +69,3 @@ def add_dense(index_dir: Path, pages, backend_info: dict, options: DenseOptions,
             "encoder": {"spec": encoder.spec, "fingerprint": encoder.fingerprint,
                         "dim": encoder.dim},
             "qdrant": location}
-
-
-def resolve_encoder(backend_info: dict, requested: str | None) -> str | None:
-    """The encoder spec to load for an index (None for a lexical one); EncoderMismatch if not allowed.
-
-    ``requested`` (``serve --encoder``) may point at a copy of the checkpoint elsewhere; it must
-    be the same checkpoint (same fingerprint) the index was built with.
-    """
-    recorded = backend_info.get("encoder")
-    if recorded is None:
-        if requested:
-            raise EncoderMismatch(f"this index was built without an encoder (BM25 only); it cannot "
-                                  f"be served with encoder {requested!r}")
-        return None
-    spec = requested or recorded["spec"]
-    try:
-        found = encoder_fingerprint(spec)
-    except (ValueError, OSError) as exc:
-        raise EncoderMismatch(f"this index needs encoder {recorded['spec']!r} "
-                              f"({recorded['fingerprint']}): {exc}") from exc
-    if found != recorded["fingerprint"]:
-        raise EncoderMismatch(f"this index was built for encoder {recorded['fingerprint']} "
-                              f"({recorded['spec']}), but {spec} is {found}; re-index with this "
-                              f"encoder or serve with the one the index was built for")
-    return spec

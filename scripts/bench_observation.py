@@ -31,7 +31,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from vrag_rollout.families import FAMILY_NAMES
-from vrag_rollout.vision import PixelBand, decode_base64_image, decode_page, fit_to_band
+from vrag_rollout.core.vision import PixelBand, decode_base64_image, decode_page, fit_to_band
 
 TOKEN_BAND = (256, 512)  # VRAG's page band, in visual tokens
 TARGET = 5.0
@@ -125,7 +125,7 @@ def family_geometry(family: str):
     model's processor: the same class with VRAG's token band."""
     from transformers import AutoProcessor
 
-    from vrag_rollout.tiny_model import build_tiny_model, default_model_dir
+    from vrag_rollout.devkit.tiny_model import build_tiny_model, default_model_dir
 
     own = AutoProcessor.from_pretrained(build_tiny_model(default_model_dir(family), family)).image_processor
     unit = (own.patch_size * own.merge_size) ** 2

@@ -302,7 +302,7 @@ def run_load(ports: list[int], requests: list[bytes], **kwargs) -> dict:
 
 def _client_process(queue, url: str, queries, doc_ids, expect, top_n: int, batch: int,
                     concurrency: int, turn: int, binary: bool, ready) -> None:
-    from vrag_rollout.retriever_client import RetrieverClient
+    from vrag_rollout.retrieval.client import RetrieverClient
 
     Placement.pin_load()
     ok = right = 0
@@ -337,7 +337,7 @@ def run_client_burst(url: str, workload: list[tuple[str, str, str]], top_n: int,
     # Imported before the processes fork: the client's package imports torch (seconds), which a
     # rollout worker pays once at start-up, not per burst. CLOCK_MONOTONIC is one clock for all
     # processes, so the burst's time is the last end minus the first start.
-    import vrag_rollout.retriever_client  # noqa: F401
+    import vrag_rollout.retrieval.client  # noqa: F401
 
     queue = _CTX.Queue()
     ready = _CTX.Barrier(processes)

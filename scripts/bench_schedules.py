@@ -35,9 +35,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vrag_rollout.engine import SAMPLED_LOGPROBS_MODE, configure_cpu_defaults, create_llm  # noqa: E402
-from vrag_rollout.fixtures import FixtureTransport  # noqa: E402
-from vrag_rollout.retriever_client import RetrieverClient  # noqa: E402
+from vrag_rollout.engine.llm import SAMPLED_LOGPROBS_MODE, configure_cpu_defaults, create_llm  # noqa: E402
+from vrag_rollout.retrieval.fixtures import FixtureTransport  # noqa: E402
+from vrag_rollout.retrieval.client import RetrieverClient  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "sample_retrieval.json"
 THINK_LENGTHS = (4, 16, 48, 96)  # characters of thought before an action, varied per turn
@@ -128,7 +128,7 @@ def make_agent_class(think_lengths=THINK_LENGTHS):
     from vllm.sampling_params import StructuredOutputsParams
 
     from vrag_rollout import vLLMRolloutAgent
-    from vrag_rollout.demo import DEMO_MAX_PAGE, _regex_literal
+    from vrag_rollout.devkit.demo import DEMO_MAX_PAGE, _regex_literal
 
     queries = "|".join(_regex_literal(q) for q in sorted(SAMPLE_FACTS))
     tool = rf"(<search>({queries})</search>|<fetch>(image|text), [1-{DEMO_MAX_PAGE}]</fetch>)"
@@ -136,8 +136,8 @@ def make_agent_class(think_lengths=THINK_LENGTHS):
     class PlannedAgent(vLLMRolloutAgent):
         """Tool calls until the sample's planned last turn, then an answer."""
 
-        def _request(self, episode, turn):
-            prompt, params = super()._request(episode, turn)
+        def request(self, episode, turn):
+            prompt, params = super().request(episode, turn)
             rng = random.Random(f"{episode.index}:{turn}")
             think = rng.choice(think_lengths)
             action = r"<answer>[a-z ]{1,12}</answer>" if turn + 1 >= planned_turns(episode.index, self.max_turns) else tool
@@ -163,9 +163,9 @@ def main() -> int:
     configure_cpu_defaults()
     from transformers import AutoProcessor
 
-    from vrag_rollout.demo import demo_config, demo_page_band, demo_questions
-    from vrag_rollout.prompts import build_prompt_batch
-    from vrag_rollout.tiny_model import build_tiny_qwen2vl, default_model_dir
+    from vrag_rollout.devkit.demo import demo_config, demo_page_band, demo_questions
+    from vrag_rollout.data.prompts import build_prompt_batch
+    from vrag_rollout.devkit.tiny_model import build_tiny_qwen2vl, default_model_dir
 
     model_dir = build_tiny_qwen2vl(default_model_dir())
     processor = AutoProcessor.from_pretrained(model_dir)

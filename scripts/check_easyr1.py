@@ -150,7 +150,7 @@ def worker_shims() -> None:
         if kwargs.pop("disable_mm_preprocessor_cache", False):
             kwargs["mm_processor_cache_gb"] = 0
         # The project's CPU start-up (whole prefills for seeded CPU sampling, kernel-scan guard).
-        from vrag_rollout.engine import create_llm
+        from vrag_rollout.engine.llm import create_llm
 
         engine = create_llm(*args, **kwargs)
         # vLLM's CPU backend repacks linear weights after loading (the checkpoint-shaped
@@ -180,7 +180,7 @@ def worker_shims() -> None:
 # ------------------------------------------------------------------------------------------
 def make_dataset(work: Path, index_dir: Path, action_format: str) -> Path:
     from retriever_server.sample_corpus import SAMPLE_FACTS
-    from vrag_rollout.dataset import convert_dataset
+    from vrag_rollout.data.dataset import convert_dataset
 
     rows = []
     for number, (query, (doc, page)) in enumerate(sorted(SAMPLE_FACTS.items())):
@@ -208,8 +208,8 @@ def define_free_last_turn_agent() -> type:
     class FreeLastTurnAgent(vLLMRolloutAgent):
         free_from: dict = {}  # output row -> first response position of its free turn
 
-        def _request(self, episode, turn):
-            prompt, params = super()._request(episode, turn)
+        def request(self, episode, turn):
+            prompt, params = super().request(episode, turn)
             if turn == self.max_turns - 1:
                 params.structured_outputs = None
                 FreeLastTurnAgent.free_from[episode.index] = len(episode.response_ids)
@@ -255,8 +255,8 @@ def main() -> int:
     import torch
     import torch.distributed as dist
     from retriever_server.testing import serve_in_thread
-    from vrag_rollout.demo import prepare_index
-    from vrag_rollout.tiny_model import build_tiny_model, default_model_dir
+    from vrag_rollout.devkit.demo import prepare_index
+    from vrag_rollout.devkit.tiny_model import build_tiny_model, default_model_dir
 
     work = args.work or Path(tempfile.mkdtemp(prefix="check-easyr1-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -290,7 +290,7 @@ def main() -> int:
             "trainer.n_gpus_per_node=1",
         ])
         from retriever_server.sample_corpus import SAMPLE_FACTS
-        from vrag_rollout.demo import DEMO_MAX_PAGE, action_regex, tool_call_regex
+        from vrag_rollout.devkit.demo import DEMO_MAX_PAGE, action_regex, tool_call_regex
 
         regex = tool_call_regex if native else action_regex
         config.worker.rollout.action_regex = regex(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE)
@@ -313,7 +313,7 @@ def main() -> int:
                               filter_overlong_prompts=False)
         batch_dict = collate_fn([dataset[i] for i in range(args.batch_size)])
         if native:
-            from vrag_rollout.tool_turns import TOOLS, ToolTurnTemplate
+            from vrag_rollout.core.tool_turns import TOOLS, ToolTurnTemplate
 
             shown = tokenizer.decode(list(batch_dict["raw_prompt_ids"][0]), skip_special_tokens=False)
             missing = ToolTurnTemplate(AutoTokenizer.from_pretrained(model_dir), TOOLS).missing_tools(shown)

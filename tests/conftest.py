@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from vrag_rollout.engine import SAMPLED_LOGPROBS_MODE, configure_cpu_defaults, create_llm
+from vrag_rollout.engine.llm import SAMPLED_LOGPROBS_MODE, configure_cpu_defaults, create_llm
 from vrag_rollout.families import FAMILY_NAMES
-from vrag_rollout.tiny_model import build_tiny_model, build_tiny_qwen2vl, default_model_dir
+from vrag_rollout.devkit.tiny_model import build_tiny_model, build_tiny_qwen2vl, default_model_dir
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SAMPLE_RETRIEVAL = FIXTURES / "sample_retrieval.json"

@@ -57,7 +57,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help="decode with this model's tokenizer (default: the batch's own token texts)")
 
     convert = commands.add_parser(
-        "convert-dataset", help="VRAG-style document-QA JSON -> the EasyR1 trainer's parquet (vrag_rollout.dataset)"
+        "convert-dataset", help="VRAG-style document-QA JSON -> the EasyR1 trainer's parquet (vrag_rollout.data.dataset)"
     )
     convert.add_argument("source", type=Path, help="JSON array or JSON Lines of questions")
     convert.add_argument("--out", type=Path, required=True, help="the parquet file to write")
@@ -75,7 +75,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # vLLM's CPU worker logs a warning on every generate call; keep the demo's output readable.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     if args.command == "demo":
-        from .demo import run_demo
+        from .devkit.demo import run_demo
 
         run_demo(
             args.out,
@@ -93,25 +93,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         )
         return 0
     if args.command == "record-fixtures":
-        from .demo import record_demo_fixtures
+        from .devkit.demo import record_demo_fixtures
 
         print(record_demo_fixtures(args.out, args.retriever_url))
         return 0
     if args.command == "build-tiny-model":
-        from .tiny_model import build_tiny_model, default_model_dir
+        from .devkit.tiny_model import build_tiny_model, default_model_dir
 
         print(build_tiny_model(args.out_dir or default_model_dir(args.family), args.family))
         return 0
     if args.command == "check":
-        from .check import main as check_main
+        from .verify.check import main as check_main
 
         return check_main(str(args.file), args.model, forward=args.forward, forward_tolerance=args.forward_tolerance)
     if args.command == "view":
-        from .view import main as view_main
+        from .verify.view import main as view_main
 
         return view_main(args.file, args.out, model_dir=args.model)
     if args.command == "convert-dataset":
-        from .dataset import convert_dataset_command
+        from .data.dataset import convert_dataset_command
 
         return convert_dataset_command(args.source, args.out, index_dir=args.index, report_path=args.report,
                                        page_base=args.page_base, drop_missing=args.drop_missing,

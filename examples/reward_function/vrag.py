@@ -1,11 +1,11 @@
 """EasyR1 reward function for vrag episodes (`worker.reward.reward_function` in the example yamls).
 
-A thin loader: the scoring lives in `vrag_rollout.reward` (see its docstring for the parts, the
+A thin loader: the scoring lives in `vrag_rollout.core.reward` (see its docstring for the parts, the
 ground-truth format and the weights). Weights come from `worker.reward.reward_function_kwargs`,
 e.g. `{accuracy: 0.5, f1: 0.3, format: 0.1, retrieval: 0.1}`.
 """
 
-from vrag_rollout.reward import compute_scores
+from vrag_rollout.core.reward import compute_scores
 
 REWARD_NAME = "vrag"
 REWARD_TYPE = "batch"

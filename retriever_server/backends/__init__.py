@@ -19,10 +19,10 @@ def open_backend(index_dir, encoder: str | None = None) -> Backend:
     a re-index swaps it (``base.open_whole``).
 
     ``encoder`` (default: ``$VRAG_RETRIEVER_ENCODER``, else the manifest's) is checked against the
-    encoder the index was built with (``dense_index.resolve_encoder``); a mismatch raises
+    encoder the index was built with (``encoders.resolve_encoder``); a mismatch raises
     ``EncoderMismatch`` (a ValueError).
     """
-    from ..dense_index import ENV_ENCODER
+    from ..encoders import ENV_ENCODER
 
     requested = encoder or os.environ.get(ENV_ENCODER) or None
     encoders: dict = {}  # spec -> loaded encoder, kept if a swap makes the load start over
@@ -30,7 +30,7 @@ def open_backend(index_dir, encoder: str | None = None) -> Backend:
 
 
 def _backend_for(store, encoder: str | None, encoders: dict) -> Backend:
-    from ..dense_index import resolve_encoder
+    from ..encoders import resolve_encoder
 
     info = store.manifest.backend
     spec = resolve_encoder(info, encoder)

@@ -2,8 +2,9 @@
 
 An encoder is named by a spec ``NAME:PATH`` (e.g. ``colqwen2:/models/colqwen2-v1.0-hf``), where
 PATH is a local checkpoint directory; nothing is ever downloaded. ``load_encoder`` builds it,
-``encoder_fingerprint`` identifies a checkpoint from its files without loading it (the manifest
-guard compares it with the one recorded at index time).
+``encoder_fingerprint`` identifies a checkpoint from its files without loading it, and
+``resolve_encoder``, the guard run when an index is opened, compares it with the one recorded at
+index time.
 """
 
 from __future__ import annotations
@@ -12,9 +13,15 @@ from pathlib import Path
 
 from .base import PageEncoder, checkpoint_fingerprint
 
-__all__ = ["PageEncoder", "ENCODERS", "parse_spec", "load_encoder", "encoder_fingerprint"]
+__all__ = ["PageEncoder", "ENCODERS", "ENV_ENCODER", "EncoderMismatch", "parse_spec", "load_encoder",
+           "encoder_fingerprint", "resolve_encoder"]
 
 ENCODERS = ("colqwen2",)
+ENV_ENCODER = "VRAG_RETRIEVER_ENCODER"
+
+
+class EncoderMismatch(ValueError):
+    """The index was built for another encoder (or for none)."""
 
 
 def parse_spec(spec: str) -> tuple[str, Path]:
@@ -43,3 +50,28 @@ def load_encoder(spec: str, **options) -> PageEncoder:
 
         return ColQwen2Encoder(path, **options)
     raise ValueError(f"unknown encoder {name!r}")  # unreachable: parse_spec checked the name
+
+
+def resolve_encoder(backend_info: dict, requested: str | None) -> str | None:
+    """The encoder spec to load for an index (None for a lexical one); EncoderMismatch if not allowed.
+
+    ``requested`` (``serve --encoder``) may point at a copy of the checkpoint elsewhere; it must
+    be the same checkpoint (same fingerprint) the index was built with.
+    """
+    recorded = backend_info.get("encoder")
+    if recorded is None:
+        if requested:
+            raise EncoderMismatch(f"this index was built without an encoder (BM25 only); it cannot "
+                                  f"be served with encoder {requested!r}")
+        return None
+    spec = requested or recorded["spec"]
+    try:
+        found = encoder_fingerprint(spec)
+    except (ValueError, OSError) as exc:
+        raise EncoderMismatch(f"this index needs encoder {recorded['spec']!r} "
+                              f"({recorded['fingerprint']}): {exc}") from exc
+    if found != recorded["fingerprint"]:
+        raise EncoderMismatch(f"this index was built for encoder {recorded['fingerprint']} "
+                              f"({recorded['spec']}), but {spec} is {found}; re-index with this "
+                              f"encoder or serve with the one the index was built for")
+    return spec

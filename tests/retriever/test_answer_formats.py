@@ -11,9 +11,11 @@ import pytest
 from retriever_server import contract
 from retriever_server.sample_corpus import SAMPLE_FACTS
 from retriever_server.testing import serve_in_thread
-from vrag_rollout.retriever_client import (FetchSpec, HttpTransport, RetrievedPage, RetrieverClient,
-                                           RetrieverFailure, TransportMalformed, decode_answer, RawAnswer)
-from vrag_rollout.vision import PixelBand, decode_page, decode_page_file
+from vrag_rollout.retrieval.blocking import HttpTransport
+from vrag_rollout.retrieval.client import RetrieverClient
+from vrag_rollout.retrieval.transport import RawAnswer, TransportMalformed, decode_answer
+from vrag_rollout.retrieval.types import FetchSpec, RetrievedPage, RetrieverFailure
+from vrag_rollout.core.vision import PixelBand, decode_page, decode_page_file
 
 BAND = PixelBand(4 * 28 * 28, 64 * 28 * 28)
 

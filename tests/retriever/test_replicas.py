@@ -9,7 +9,7 @@ import pytest
 
 from retriever_server.sample_corpus import SAMPLE_FACTS
 from tests.retriever.serving_helpers import ServerProcess, wait_until
-from vrag_rollout.retriever_client import RetrieverClient
+from vrag_rollout.retrieval.client import RetrieverClient
 
 
 @pytest.fixture

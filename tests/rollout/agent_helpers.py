@@ -13,8 +13,8 @@ import transformers.models.qwen3_vl.modeling_qwen3_vl
 from PIL import Image, ImageDraw
 
 from vrag_rollout import vLLMRolloutAgent
-from vrag_rollout.demo import demo_config, demo_page_band, demo_questions
-from vrag_rollout.prompts import PromptSample, build_prompt_batch
+from vrag_rollout.devkit.demo import demo_config, demo_page_band, demo_questions
+from vrag_rollout.data.prompts import PromptSample, build_prompt_batch
 
 
 def cover_image(seed: int) -> Image.Image:
@@ -91,7 +91,7 @@ class DelayedReplay:
     def __init__(self, low_s: float = 0.0, high_s: float = 0.03, fail_after: int | None = None,
                  text_suffix: str = ""):
         from tests.conftest import SAMPLE_RETRIEVAL
-        from vrag_rollout.fixtures import FixtureTransport
+        from vrag_rollout.retrieval.fixtures import FixtureTransport
 
         self.inner = FixtureTransport.load(SAMPLE_RETRIEVAL)
         self.low_s, self.high_s, self.fail_after = low_s, high_s, fail_after

@@ -1,6 +1,6 @@
 import pytest
 
-from vrag_rollout.actions import Answer, Fetch, Invalid, Search, Stop, parse_action
+from vrag_rollout.core.actions import Answer, Fetch, Invalid, Search, Stop, parse_action
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.rollout.agent_helpers import make_agent, processor_grids, prompt_batch, sample_images, sample_prompts
-from vrag_rollout.retriever_client import RetrieverClient
+from vrag_rollout.retrieval.client import RetrieverClient
 
 
 def closed_port() -> int:
@@ -80,7 +80,7 @@ def test_undecodable_images_become_error_observations(tiny_model_dir, tiny_proce
 @pytest.mark.parametrize("response_length", [96, 160])
 def test_tight_budget_admits_images_whole_or_ends_the_sample(tiny_model_dir, tiny_processor, tiny_llm, response_length):
     from tests.conftest import SAMPLE_RETRIEVAL
-    from vrag_rollout.fixtures import FixtureTransport
+    from vrag_rollout.retrieval.fixtures import FixtureTransport
 
     client = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))
     agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=2, response_length=response_length,
@@ -104,7 +104,7 @@ class FaultyTransport:
         self.fault = fault
 
     def post(self, path, body, timeout):
-        from vrag_rollout.retriever_client import TransportHTTPError, TransportTimeout
+        from vrag_rollout.retrieval.client import TransportHTTPError, TransportTimeout
 
         if self.fault == "timeout":
             raise TransportTimeout("retriever timed out after 3 tries")
@@ -141,7 +141,7 @@ def test_invalid_actions_get_a_correction_and_the_sample_goes_on_in_both_schedul
     tiny_model_dir, tiny_processor, tiny_llm
 ):
     from tests.conftest import SAMPLE_RETRIEVAL
-    from vrag_rollout.fixtures import FixtureTransport
+    from vrag_rollout.retrieval.fixtures import FixtureTransport
 
     outputs = {}
     for mode in ("sync", "continuous"):
@@ -163,7 +163,7 @@ def test_batches_larger_than_one_engine_step_complete(tiny_model_dir, tiny_proce
     """48 seeded episodes exceed one engine step's token budget (4096): on CPU a prefill split
     across steps crashed vLLM's seeded sampling ("CPU Generator does not use offset")."""
     from tests.conftest import SAMPLE_RETRIEVAL
-    from vrag_rollout.fixtures import FixtureTransport
+    from vrag_rollout.retrieval.fixtures import FixtureTransport
 
     client = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))
     agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=4)

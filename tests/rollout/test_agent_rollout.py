@@ -24,8 +24,8 @@ from tests.rollout.agent_helpers import (
     sample_images,
     sample_prompts,
 )
-from vrag_rollout.fixtures import FixtureTransport
-from vrag_rollout.retriever_client import RetrieverClient
+from vrag_rollout.retrieval.fixtures import FixtureTransport
+from vrag_rollout.retrieval.client import RetrieverClient
 
 # The trainer-side DataProto is part of the test extra: a missing one fails here, never skips.
 import verl.protocol as verl_protocol  # noqa: E402
@@ -181,7 +181,7 @@ def test_union_with_the_trainers_batch(rollout):
 @pytest.fixture(scope="session")
 def live_index(tmp_path_factory):
     """The sample corpus indexed from scratch, once per session."""
-    from vrag_rollout.demo import prepare_index
+    from vrag_rollout.devkit.demo import prepare_index
 
     return prepare_index(tmp_path_factory.mktemp("live-retriever"))
 

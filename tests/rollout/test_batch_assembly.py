@@ -5,11 +5,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from vrag_rollout.actions import Fetch, Search
-from vrag_rollout.batch import BatchSpec, response_position_ids
-from vrag_rollout.episode import Episode
-from vrag_rollout.retriever_client import RetrievedPage
-from vrag_rollout.tools import ToolCall, call_retriever
+from vrag_rollout.core.actions import Fetch, Search
+from vrag_rollout.core.batch import BatchSpec, response_position_ids
+from vrag_rollout.core.episode import Episode
+from vrag_rollout.retrieval.client import RetrievedPage
+from vrag_rollout.rollout.tools import ToolCall, call_retriever
 
 PAD, VS, VE = 90, 91, 92
 

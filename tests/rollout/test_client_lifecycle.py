@@ -16,15 +16,11 @@ import pytest
 
 from tests.retriever.serving_helpers import wait_until
 from tests.rollout.test_retriever_client import FakeRetriever, client_for, fake  # noqa: F401 (fixture)
-from vrag_rollout.fixtures import RecordingTransport
-from vrag_rollout.retriever_client import (
-    FetchSpec,
-    HttpTransport,
-    RawAnswer,
-    RetrievedPage,
-    RetrieverClient,
-    RetrieverFailure,
-)
+from vrag_rollout.retrieval.blocking import HttpTransport
+from vrag_rollout.retrieval.client import RetrieverClient
+from vrag_rollout.retrieval.fixtures import RecordingTransport
+from vrag_rollout.retrieval.transport import RawAnswer
+from vrag_rollout.retrieval.types import FetchSpec, RetrievedPage, RetrieverFailure
 
 CLOSED = "this RetrieverClient is closed"
 TEXT_1 = ([FetchSpec("text", 1)], ["manual_v2"])

@@ -4,8 +4,8 @@ import pytest
 
 from tests.rollout.agent_helpers import prompt_batch, sample_prompts
 from vrag_rollout import AgentRolloutConfig, vLLMRolloutAgent
-from vrag_rollout.rollout import narrowed_band
-from vrag_rollout.vision import PixelBand
+from vrag_rollout.core.vision import narrowed_band
+from vrag_rollout.core.vision import PixelBand
 
 
 def test_unknown_keys_are_rejected_not_ignored():
@@ -76,7 +76,7 @@ def test_an_unreadable_chat_template_file_is_refused_by_name(tiny_model_dir, tin
 def test_tool_call_prompts_without_the_tool_schemas_are_refused(tiny_model_dir, tiny_processor):
     """A tool_call rollout of prompts rendered without tools= would train calls to tools the
     prompt never showed: refused before generation, naming the fix."""
-    from vrag_rollout.demo import demo_prompts
+    from vrag_rollout.devkit.demo import demo_prompts
 
     rollout = agent(tiny_model_dir, tiny_processor, action_format="tool_call", prompt_length=1024,
                     page_min_pixels=16 * 784, page_max_pixels=64 * 784)

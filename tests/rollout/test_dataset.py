@@ -1,4 +1,4 @@
-"""vrag-rollout convert-dataset (vrag_rollout.dataset): parquet contents, index report, malformed rows."""
+"""vrag-rollout convert-dataset (vrag_rollout.data.dataset): parquet contents, index report, malformed rows."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from retriever_server.manifest import DocEntry, Manifest, PageEntry, image_name, write_manifest
-from vrag_rollout import dataset
+from vrag_rollout.data import dataset
 from vrag_rollout.cli import main as cli_main
-from vrag_rollout.prompts import AGENT_INSTRUCTIONS
-from vrag_rollout.reward import score_response
+from vrag_rollout.data.prompts import AGENT_INSTRUCTIONS
+from vrag_rollout.core.reward import score_response
 
 
 def question(uid, file_name="report.pdf", pages=(3, 5), query="Who?", answer="Ada"):
@@ -118,7 +118,7 @@ def test_cli(tmp_path, capsys):
 
 
 def test_tool_call_prompts_carry_the_tool_call_instructions(tmp_path):
-    from vrag_rollout.prompts import TOOL_CALL_INSTRUCTIONS
+    from vrag_rollout.data.prompts import TOOL_CALL_INSTRUCTIONS
 
     src = write_jsonl(tmp_path / "qa.jsonl", [question("q1", query="How much?")])
     out = tmp_path / "tools.parquet"

@@ -268,7 +268,7 @@ def test_vision_input_norm_buffers_are_restored_after_a_dummy_load():
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.fusion.mm_input_norm import FusedMMInputNorm
 
-    from vrag_rollout.integrations.easyr1.engine_fixes import restore_input_norms
+    from vrag_rollout.engine.input_norms import restore_input_norms
 
     mean, std, rescale = [0.5, 0.4, 0.3], [0.25, 0.5, 1.0], 1 / 255
     with set_current_vllm_config(VllmConfig()):

@@ -87,7 +87,7 @@ def test_there_is_an_example_per_documented_model():
 def test_example_yaml_reward_and_estimator_are_usable(example):
     import importlib.util
 
-    from vrag_rollout.reward import RewardWeights
+    from vrag_rollout.core.reward import RewardWeights
 
     raw = OmegaConf.load(example)
     path, _, name = raw.worker.reward.reward_function.rpartition(":")
@@ -564,8 +564,8 @@ def test_tool_call_runs_render_dataset_prompts_with_the_tools(family, easyr1, mo
     the rollout accepts; without it they stay as they were, and the rollout would refuse them."""
     from transformers import AutoProcessor
 
-    from vrag_rollout.tiny_model import build_tiny_model, default_model_dir
-    from vrag_rollout.tool_turns import TOOLS, ToolTurnTemplate
+    from vrag_rollout.devkit.tiny_model import build_tiny_model, default_model_dir
+    from vrag_rollout.core.tool_turns import TOOLS, ToolTurnTemplate
 
     model_dir = build_tiny_model(default_model_dir(family), family)
     glue.install_agent_rollout()
@@ -602,7 +602,7 @@ def test_tool_call_runs_render_dataset_prompts_with_the_tools(family, easyr1, mo
 def test_a_named_template_file_reaches_the_dataset(easyr1, monkeypatch, tmp_path, tiny_processor):
     from transformers import AutoProcessor
 
-    from vrag_rollout.tool_turns import TOOLS
+    from vrag_rollout.core.tool_turns import TOOLS
 
     named = tmp_path / "template.jinja"
     named.write_text("SYSTEM {{ tools | length }} tools{% for m in messages %}|{{ m.role }}{% endfor %}")

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vrag_rollout.episode import Episode
-from vrag_rollout.observation import ObservationBuilder, VisionTokens
+from vrag_rollout.core.episode import Episode
+from vrag_rollout.core.observation import ObservationBuilder, VisionTokens
 
 VS, VE, PAD = 900, 901, 902  # vision start / end / image pad in the toy vocabulary
 

@@ -16,9 +16,9 @@ from tests.conftest import SAMPLE_RETRIEVAL
 from tests.rollout.agent_helpers import make_agent, prompt_batch, sample_images, sample_prompts
 from vrag_rollout import AgentRolloutConfig, vLLMRolloutAgent
 from vrag_rollout.families import FAMILY_NAMES, UnsupportedModelError, detect_family, family_by_name
-from vrag_rollout.fixtures import FixtureTransport
-from vrag_rollout.retriever_client import RetrieverClient
-from vrag_rollout.tiny_model import build_tiny_model
+from vrag_rollout.retrieval.fixtures import FixtureTransport
+from vrag_rollout.retrieval.client import RetrieverClient
+from vrag_rollout.devkit.tiny_model import build_tiny_model
 
 # What each family's released checkpoint has, written out independently of the builders.
 EXPECTED = {
@@ -100,8 +100,8 @@ class _FreeLastTurn(vLLMRolloutAgent):
     """The demo grammar drives the tool calls; the last turn samples freely, so its logprobs are
     those of the model itself and comparable with a forward pass (a grammar changes them)."""
 
-    def _request(self, episode, turn):
-        prompt, params = super()._request(episode, turn)
+    def request(self, episode, turn):
+        prompt, params = super().request(episode, turn)
         if turn == self.max_turns - 1:
             params.structured_outputs = None
             self.free_from[episode.index] = len(episode.response_ids)

@@ -11,14 +11,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from vrag_rollout.fixtures import (
+from vrag_rollout.retrieval.fixtures import (
     FixtureMiss,
     Fixtures,
     FixtureTransport,
     RecordingTransport,
     record_fixtures,
 )
-from vrag_rollout.retriever_client import FetchSpec, HttpTransport, RetrievedPage, RetrieverClient, RetrieverFailure
+from vrag_rollout.retrieval.blocking import HttpTransport
+from vrag_rollout.retrieval.client import RetrieverClient
+from vrag_rollout.retrieval.types import FetchSpec, RetrievedPage, RetrieverFailure
 
 PAGES = {"report": 4, "manual": 3}
 

@@ -34,7 +34,7 @@ KINDS = ("value", "interrupt", "exit", "unpicklable")
 def run_rank(rank: int, port: int, results, release) -> None:
     import torch.distributed as dist
 
-    from vrag_rollout.group_sync import GroupSync
+    from vrag_rollout.engine.group_sync import GroupSync
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     sync = GroupSync(dist.group.WORLD, source_rank=0)

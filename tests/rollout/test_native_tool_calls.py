@@ -12,10 +12,10 @@ import torch
 
 from tests.conftest import SAMPLE_RETRIEVAL
 from tests.rollout.agent_helpers import make_agent, sample_images, sample_prompts
-from vrag_rollout.demo import demo_prompts
-from vrag_rollout.fixtures import FixtureTransport
-from vrag_rollout.retriever_client import RetrieverClient
-from vrag_rollout.tool_turns import TOOLS
+from vrag_rollout.devkit.demo import demo_prompts
+from vrag_rollout.retrieval.fixtures import FixtureTransport
+from vrag_rollout.retrieval.client import RetrieverClient
+from vrag_rollout.core.tool_turns import TOOLS
 
 PADS = re.compile(r"(<\|image_pad\|>)+")
 RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
@@ -141,8 +141,8 @@ def test_the_reward_scores_native_episodes_like_tag_episodes(native):
     """The reward reads the response as EasyR1's reward manager decodes it (special tokens
     skipped): an answered episode whose calls all ran is well formed, and its answer is the one
     its last turn wrote, never text from a tool response."""
-    from vrag_rollout.reward import format_score, last_answer
-    from vrag_rollout.tool_turns import final_answer
+    from vrag_rollout.core.reward import format_score, last_answer
+    from vrag_rollout.core.tool_turns import final_answer
 
     fm, _, outputs = native
     output, tok = outputs["sync"], fm.processor.tokenizer

@@ -8,8 +8,8 @@ import pytest
 
 from tests.conftest import SAMPLE_RETRIEVAL
 from tests.rollout.agent_helpers import make_agent, prompt_batch, sample_prompts
-from vrag_rollout.fixtures import FixtureTransport
-from vrag_rollout.retriever_client import RetrieverClient
+from vrag_rollout.retrieval.fixtures import FixtureTransport
+from vrag_rollout.retrieval.client import RetrieverClient
 
 CASES = {
     # grammar: (termination, searches, invalid actions per sample, text that must appear)
@@ -88,7 +88,7 @@ def test_native_tool_calls_a_policy_writes(case, tiny_model_dir, tiny_processor,
     """Malformed native calls get an error tool response and count as invalid actions, by kind;
     valid calls in the same turn still run (two calls in one turn are answered in one tool turn).
     Never a crash or a stalled batch."""
-    from vrag_rollout.demo import demo_prompts
+    from vrag_rollout.devkit.demo import demo_prompts
 
     regex, error, searches, kind = NATIVE_CASES[case]
     client = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))
@@ -117,7 +117,7 @@ def test_a_native_call_cut_at_the_length_limit(tiny_model_dir, tiny_processor, t
     """A call still open when sampling hits the length limit (max_tokens is the episode's
     remaining budget) is never executed: the episode ends with "length", its last token a
     sampled one, and the cut call is counted apart from invalid actions."""
-    from vrag_rollout.demo import demo_prompts
+    from vrag_rollout.devkit.demo import demo_prompts
 
     regex = r'<tool_call>\n\{"name": "search", "arguments": \{"query": "[a-z]{900,1000}"\}\}\n</tool_call>'
     client = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))

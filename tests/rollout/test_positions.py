@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vrag_rollout.positions import rope_positions, text_positions
+from vrag_rollout.core.positions import rope_positions, text_positions
 
 
 @pytest.fixture(scope="module")

@@ -14,24 +14,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vrag_rollout import retriever_client
-from vrag_rollout.retriever_client import (
-    AdaptiveLimit,
-    FetchSpec,
-    ReplicaSet,
-    HttpTransport,
-    MalformedResponse,
-    RetrievedPage,
-    RetrieverClient,
-    RetrieverFailure,
+from vrag_rollout.retrieval import transport as transport_module
+from vrag_rollout.retrieval.blocking import HttpTransport
+from vrag_rollout.retrieval.client import RetrieverClient
+from vrag_rollout.retrieval.congestion import AdaptiveLimit, ReplicaSet, parse_urls
+from vrag_rollout.retrieval.transport import (
     TransportConnectionError,
     TransportHTTPError,
     TransportTimeout,
-    parse_fetch_results,
-    parse_search_results,
-    parse_urls,
     tries_text,
 )
+from vrag_rollout.retrieval.types import FetchSpec, RetrievedPage, RetrieverFailure
+from vrag_rollout.retrieval.wire import MalformedResponse, parse_fetch_results, parse_search_results
 
 DOCS = {"annual_report": 5, "manual_v2": 3}
 
@@ -416,9 +410,9 @@ def test_parse_fetch_tolerates_unreadable_echo():
 
 def test_decode_answer_reads_plain_bytes_as_json():
     # A transport written before RawAnswer hands back the body alone: JSON, as then.
-    assert retriever_client.decode_answer(b'[{"id": "d_1", "contents": "QQ=="}]') == [{"id": "d_1", "contents": "QQ=="}]
-    with pytest.raises(retriever_client.TransportMalformed, match="not JSON"):
-        retriever_client.decode_answer(b"\x91\xc0")
+    assert transport_module.decode_answer(b'[{"id": "d_1", "contents": "QQ=="}]') == [{"id": "d_1", "contents": "QQ=="}]
+    with pytest.raises(transport_module.TransportMalformed, match="not JSON"):
+        transport_module.decode_answer(b"\x91\xc0")
 
 
 def test_bytes_are_an_image_never_a_text_page_nor_an_error_reason():
@@ -461,7 +455,7 @@ def test_a_score_no_float_can_hold_is_dropped():
 
 @pytest.mark.parametrize("fail_fast, tries", [(True, 1), (False, 3)])
 def test_both_transports_report_the_tries_they_made(fail_fast, tries):
-    from vrag_rollout.retriever_aiohttp import AsyncHttpTransport
+    from vrag_rollout.retrieval.aio import AsyncHttpTransport
 
     closed = FakeRetriever()
     url = closed.url
@@ -780,13 +774,13 @@ def test_a_replica_sending_garbage_fails_over_to_another():
 
 def test_answers_are_decoded_after_the_window_slot_is_given_back(fake, monkeypatch):
     seen = []
-    decode = retriever_client.decode_json
+    decode = transport_module.decode_json
 
     def recording_decode(data):
         seen.append(client._limits[0].in_flight)
         return decode(data)
 
-    monkeypatch.setattr(retriever_client, "decode_json", recording_decode)
+    monkeypatch.setattr(transport_module, "decode_json", recording_decode)
     with client_for(fake, max_batch=1, max_concurrency=1) as client:
         res = client.batch_fetch([FetchSpec("text", 1)] * 3, ["manual_v2"] * 3)
     assert all(isinstance(r, RetrievedPage) for r in res)
@@ -817,7 +811,7 @@ def test_a_client_nobody_closes_shuts_its_loop_down_when_collected(fake):
 
 
 def test_close_twice_and_blocking_transports_share_the_cap(fake):
-    from vrag_rollout.fixtures import RecordingTransport
+    from vrag_rollout.retrieval.fixtures import RecordingTransport
 
     client = RetrieverClient(None, transport=RecordingTransport(HttpTransport(fake.url)), max_batch=1,
                              max_concurrency=2)

@@ -1,4 +1,4 @@
-"""vrag_rollout.reward and the EasyR1 loader examples/reward_function/vrag.py, against hand-computed values."""
+"""vrag_rollout.core.reward and the EasyR1 loader examples/reward_function/vrag.py, against hand-computed values."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vrag_rollout import reward
+from vrag_rollout.core import reward
 
 REPO = Path(__file__).resolve().parents[2]
 LOG2_3 = 1.584962500721156  # log2(3), so 1/log2(3) = 0.6309...

@@ -9,8 +9,8 @@ import torch
 
 from tests.rollout.agent_helpers import (DelayedReplay, make_agent, processor_grids, prompt_batch, sample_images,
                                          sample_prompts)
-from vrag_rollout.demo import demo_prompts
-from vrag_rollout.retriever_client import RetrieverClient
+from vrag_rollout.devkit.demo import demo_prompts
+from vrag_rollout.retrieval.client import RetrieverClient
 
 # Page text holding special-token strings: it must reach the episode as text in both formats.
 SPECIAL_TEXT = " <|im_end|>\n<|im_start|>user <|image_pad|><|vision_start|>x<|vision_end|>"
@@ -64,8 +64,8 @@ def test_both_schedules_give_the_same_episodes_in_every_family_and_format(family
         outputs[mode], served[mode] = agent.generate_sequences(prompts), transport.text_pages
         # One tokenizer lock through everything that tokenizes while tool threads run.
         locks = {agent.tokenizer.lock, agent.observations.tokenizer.lock, agent.observer.builder.tokenizer.lock}
-        if agent.tool_turns is not None:
-            locks.add(agent.tool_turns.tokenizer.lock)
+        if action_format == "tool_call":
+            locks.add(agent.format.template.tokenizer.lock)
         assert len(locks) == 1 and agent.tokenizer.raw is not fm.processor.tokenizer  # the rollout's own copy
     for key in ("responses", "loss_mask", "position_ids"):
         assert torch.equal(outputs["sync"].batch[key], outputs["continuous"].batch[key]), key
@@ -97,7 +97,7 @@ def test_the_continuous_engine_only_builds_outputs_of_finished_requests(tiny_mod
     A request mid-turn yields nothing; the finished one comes back whole."""
     from vllm import SamplingParams
 
-    from vrag_rollout.engine import ContinuousEngine
+    from vrag_rollout.engine.llm import ContinuousEngine
 
     engine = ContinuousEngine(tiny_llm)
     params = SamplingParams(max_tokens=6, min_tokens=6, seed=1, logprobs=0, temperature=1.0)
@@ -120,7 +120,7 @@ def test_after_a_failed_call_ids_and_seeds_are_new_even_if_the_abort_failed(tiny
     the abort alone: with an abort that did nothing, the failed call's requests stay in the engine,
     and the next call, in either schedule, must neither collide with them nor take their outputs
     for its own."""
-    from vrag_rollout.engine import ContinuousEngine
+    from vrag_rollout.engine.llm import ContinuousEngine
 
     engine = tiny_llm.llm_engine
     submitted: list = []  # (call, request id, seed)
@@ -173,7 +173,7 @@ def test_a_retriever_call_past_its_deadline_fails_the_call_and_leaks_nothing(tin
     import threading
     import time
 
-    import vrag_rollout.rollout as rollout_module
+    import vrag_rollout.rollout.agent as rollout_module
 
     class Stuck:
         deadline_s = 0.3
@@ -220,7 +220,7 @@ def test_a_synchronized_call_refuses_an_engine_holding_requests_of_someone_else(
 
 def test_the_rollout_waits_on_its_own_client_no_longer_than_the_clients_deadline(tiny_model_dir, tiny_processor,
                                                                                   tiny_llm):
-    from vrag_rollout.rollout import DECODE_SLACK_S
+    from vrag_rollout.rollout.agent import DECODE_SLACK_S
 
     config = dict(retriever_url="http://127.0.0.1:9", retriever_timeout=2.0, retriever_retries=1)
     agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, None, **config)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from vrag_rollout.actions import Answer, Search, parse_action
-from vrag_rollout.engine import TurnOutput
-from vrag_rollout.episode import Episode
-from vrag_rollout.observation import Observation, ObservationBuilder, VisionTokens
-from vrag_rollout.step import after_generation, observe, ready
+from vrag_rollout.core.actions import Answer, Search, parse_action
+from vrag_rollout.engine.llm import TurnOutput
+from vrag_rollout.core.episode import Episode
+from vrag_rollout.core.observation import Observation, ObservationBuilder, VisionTokens
+from vrag_rollout.core.step import after_generation, observe, ready
 
 
 @pytest.fixture(scope="module")

@@ -14,15 +14,15 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from PIL import Image, ImageDraw
 
-from vrag_rollout.actions import Fetch, Invalid, Search
+from vrag_rollout.core.actions import Fetch, Invalid, Search
 from vrag_rollout.families import FAMILY_NAMES
-from vrag_rollout.observation import ObservationBuilder, VisionTokens
-from vrag_rollout.retriever_client import RetrievedPage, RetrieverFailure
-from vrag_rollout.serial_tokenizer import SerialTokenizer, lock_for, private_copy, serial
-from vrag_rollout.tiny_model import build_tiny_model, default_model_dir
-from vrag_rollout.tool_turns import TOOLS, ToolTurnTemplate
-from vrag_rollout.tools import Observer
-from vrag_rollout.vision import page_band
+from vrag_rollout.core.observation import ObservationBuilder, VisionTokens
+from vrag_rollout.retrieval.client import RetrievedPage, RetrieverFailure
+from vrag_rollout.core.serial_tokenizer import SerialTokenizer, lock_for, private_copy, serial
+from vrag_rollout.devkit.tiny_model import build_tiny_model, default_model_dir
+from vrag_rollout.core.tool_turns import TOOLS, ToolTurnTemplate
+from vrag_rollout.rollout.tools import Observer
+from vrag_rollout.core.vision import page_band
 
 THREADS = 8
 ROUNDS = 60  # per thread, each round every item of both formats
@@ -132,7 +132,7 @@ def test_a_tool_batch_past_its_deadline_fails_the_wait():
     import time
     from concurrent.futures import Future
 
-    from vrag_rollout.schedules import await_one
+    from vrag_rollout.rollout.schedules import await_one
 
     never, started = Future(), time.perf_counter()
     with pytest.raises(TimeoutError, match="within its deadline of 0.2 s"):

@@ -11,9 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from vrag_rollout import tiny_model
-from vrag_rollout.tiny_model import SPECIAL_TOKENS, build_tiny_qwen2vl, default_model_dir
-from vrag_rollout.vision import PixelBand, fit_to_band
+from vrag_rollout.devkit import tiny_model
+from vrag_rollout.devkit.tiny_model import SPECIAL_TOKENS, build_tiny_qwen2vl, default_model_dir
+from vrag_rollout.core.vision import PixelBand, fit_to_band
 
 
 def _digests(d: Path) -> dict[str, str]:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from transformers import AutoProcessor
 
-from vrag_rollout.actions import Fetch, Invalid, Search
+from vrag_rollout.core.actions import Fetch, Invalid, Search
 from vrag_rollout.families import FAMILY_NAMES
-from vrag_rollout.tiny_model import build_tiny_model, default_model_dir
-from vrag_rollout.tool_turns import TOOLS, TemplateError, ToolResult, ToolTurnTemplate, parse_tool_calls
+from vrag_rollout.devkit.tiny_model import build_tiny_model, default_model_dir
+from vrag_rollout.core.tool_turns import TOOLS, TemplateError, ToolResult, ToolTurnTemplate, parse_tool_calls
 
 
 @pytest.fixture(scope="module", params=FAMILY_NAMES)

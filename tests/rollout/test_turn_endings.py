@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from tests.conftest import SAMPLE_RETRIEVAL
 from tests.rollout.agent_helpers import make_agent, processor_grids, prompt_batch, sample_images, sample_prompts
-from vrag_rollout.fixtures import FixtureTransport
-from vrag_rollout.retriever_client import RetrieverClient
+from vrag_rollout.retrieval.fixtures import FixtureTransport
+from vrag_rollout.retrieval.client import RetrieverClient
 
 P = 28 * 28
 

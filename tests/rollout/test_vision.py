@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from PIL import Image, ImageDraw
 from transformers import Qwen2VLImageProcessor
 
-from vrag_rollout.vision import (
+from vrag_rollout.core.vision import (
     ImageDecodeError,
     PageImage,
     PixelBand,
@@ -332,7 +332,7 @@ def test_decode_page_leaves_decompression_bombs_to_pil(monkeypatch):
 
 def test_decode_page_decodes_jpeg_without_pil(monkeypatch):
     # The fast path really is taken for the retriever's JPEGs (PIL is only the fallback).
-    import vrag_rollout.vision as vision
+    import vrag_rollout.core.vision as vision
 
     monkeypatch.setattr(vision, "_decode_pil", lambda raw: pytest.fail("JPEG page went through PIL"))
     for mode in ("RGB", "L"):

@@ -74,7 +74,7 @@ class ScriptedEngine:
 
 class Down:
     def post(self, path, body, timeout):
-        from vrag_rollout.retriever_client import TransportConnectionError
+        from vrag_rollout.retrieval.client import TransportConnectionError
 
         raise TransportConnectionError("connection refused (this rank's retriever is down)")
 
@@ -91,9 +91,9 @@ def run_rank(rank: int, port: int, model_dir: str, out_path: str) -> None:
     from retriever_server.sample_corpus import SAMPLE_FACTS
     from tests.rollout.agent_helpers import DelayedReplay, prompt_batch, sample_prompts
     from vrag_rollout import vLLMRolloutAgent
-    from vrag_rollout.demo import demo_config, demo_page_band
-    from vrag_rollout.group_sync import GroupSync, LocalSync
-    from vrag_rollout.retriever_client import RetrieverClient
+    from vrag_rollout.devkit.demo import demo_config, demo_page_band
+    from vrag_rollout.engine.group_sync import GroupSync, LocalSync
+    from vrag_rollout.retrieval.client import RetrieverClient
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:

@@ -12,7 +12,7 @@ import pytest
 
 from tests.rollout.agent_helpers import sample_prompts
 from tests.tools.helpers import Rollout, drawing, roll
-from vrag_rollout.prompts import PromptSample
+from vrag_rollout.data.prompts import PromptSample
 
 
 @pytest.fixture(scope="session")

@@ -12,9 +12,9 @@ from PIL import Image, ImageDraw
 
 from tests.conftest import SAMPLE_RETRIEVAL
 from tests.rollout.agent_helpers import make_agent, prompt_batch
-from vrag_rollout.fixtures import FixtureTransport
-from vrag_rollout.retriever_client import RetrieverClient
-from vrag_rollout.saved_batch import save_rollout
+from vrag_rollout.retrieval.fixtures import FixtureTransport
+from vrag_rollout.retrieval.client import RetrieverClient
+from vrag_rollout.verify.saved_batch import save_rollout
 
 
 N = 2  # samples per prompt

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from tests.tools.helpers import caught, pickled_trainer_batch, runs
-from vrag_rollout.check import CheckInputError, check_batch, run_check
+from vrag_rollout.verify.check import CheckInputError, check_batch, run_check
 from vrag_rollout.cli import main as cli_main
-from vrag_rollout.saved_batch import load_rollout
+from vrag_rollout.verify.saved_batch import load_rollout
 
 
 def token_id(processor, name: str) -> int:
@@ -114,16 +114,25 @@ def test_check_is_independent_of_the_code_it_checks(grammar_rollout, monkeypatch
     """check reads the file through saved_batch only, and passes with the rollout's own token,
     position, observation and vision code sabotaged."""
     import ast
+    import importlib
     import inspect
+    import pkgutil
+    from importlib.util import resolve_name
 
-    from vrag_rollout import batch, check, observation, positions, saved_batch, vision
+    from vrag_rollout.core import batch, observation, positions, vision
+    from vrag_rollout.verify import check, saved_batch
 
-    for module, allowed in ((check, {"saved_batch"}), (saved_batch, set())):
+    parts = [importlib.import_module(f"{check.__name__}.{info.name}") for info in pkgutil.iter_modules(check.__path__)]
+    assert len(parts) > 1, parts
+    own = {check.__name__} | {part.__name__ for part in parts}
+    for module, allowed in [(m, own | {saved_batch.__name__}) for m in (check, *parts)] + [(saved_batch, set())]:
         tree = ast.parse(inspect.getsource(module))
-        relative = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level}
+        package = module.__name__ if hasattr(module, "__path__") else module.__name__.rpartition(".")[0]
+        relative = {resolve_name("." * node.level + (node.module or ""), package)
+                    for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level}
         absolute = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and not node.level}
         absolute |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
-        assert relative <= allowed, (module.__name__, relative)
+        assert relative <= allowed, (module.__name__, relative - allowed)
         assert not any(name.startswith("vrag_rollout") for name in absolute), (module.__name__, absolute)
 
     def sabotaged(*args, **kwargs):

@@ -9,11 +9,11 @@ import pytest
 
 from tests.rollout.agent_helpers import sample_prompts
 from tests.tools.helpers import caught, drawing, roll, runs, set_token
-from vrag_rollout.check import CheckInputError, check_batch
+from vrag_rollout.verify.check import CheckInputError, check_batch
 from vrag_rollout.families import FAMILY_NAMES
-from vrag_rollout.prompts import PromptSample
-from vrag_rollout.saved_batch import load_rollout
-from vrag_rollout.view import render
+from vrag_rollout.data.prompts import PromptSample
+from vrag_rollout.verify.saved_batch import load_rollout
+from vrag_rollout.verify.view import render
 
 MODEL_TYPES = {"qwen2-vl": "qwen2_vl", "qwen2.5-vl": "qwen2_5_vl", "qwen3-vl": "qwen3_vl"}
 

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from tests.tools.helpers import pickled_trainer_batch
-from vrag_rollout.saved_batch import FORMAT, FORMAT_VERSION, NotABatchError, SavedBatch, encode_image, load_rollout
+from vrag_rollout.verify.saved_batch import FORMAT, FORMAT_VERSION, NotABatchError, SavedBatch, encode_image, load_rollout
 
 
 def test_round_trip_of_a_real_rollout(grammar_rollout):

@@ -15,8 +15,8 @@ from PIL import Image
 
 from tests.tools.helpers import pickled_trainer_batch
 from vrag_rollout.cli import main as cli_main
-from vrag_rollout.saved_batch import load_rollout
-from vrag_rollout.view import ViewInputError, write_html
+from vrag_rollout.verify.saved_batch import load_rollout
+from vrag_rollout.verify.view import ViewInputError, write_html
 
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 needs_chromium = pytest.mark.skipif(
@@ -101,7 +101,7 @@ def test_text_is_escaped(grammar_rollout, tmp_path):
 
 
 def test_images_without_image_tokens_are_shown_apart(grammar_rollout):
-    from vrag_rollout.view import render
+    from vrag_rollout.verify.view import render
 
     saved = load_rollout(grammar_rollout.path)
     row = next(r for r in range(len(saved)) if not saved.images[r])

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from ...tool_turns import TOOLS, template_with_tools
+from ...core.tool_turns import TOOLS, template_with_tools
 from .common import PROMPT_TOOLS_ENV, mark_patched, patch_once
 
 

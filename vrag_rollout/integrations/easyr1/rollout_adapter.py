@@ -72,7 +72,7 @@ class EasyR1RolloutAdapter:
 
     def generate_sequences(self, prompts: Any) -> Any:
         if not self._engine_repaired:  # first call: the engine is awake and holds synced weights
-            from .engine_fixes import restore_engine_input_norms
+            from ...engine.input_norms import restore_engine_input_norms
 
             restore_engine_input_norms(self._rollout.inference_engine)
             self._engine_repaired = True
@@ -108,7 +108,7 @@ def _accepts_engine(cls: type) -> bool:
 
 def sampled_logprobs_mode() -> str:
     """The vLLM `logprobs_mode` the agent reports (logprobs of the distribution sampled from)."""
-    from ...engine import SAMPLED_LOGPROBS_MODE
+    from ...engine.llm import SAMPLED_LOGPROBS_MODE
 
     return SAMPLED_LOGPROBS_MODE
 

@@ -11,13 +11,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
 
-from .actions import Fetch, Invalid, Search
-from .observation import Observation, ObservationBuilder
-from .retriever_client import FetchSpec, RetrievedPage, RetrieverFailure
+from ..core.actions import Fetch, Invalid, Search
+from ..core.observation import Observation, ObservationBuilder
+from ..retrieval.types import FetchSpec, RetrievedPage, RetrieverFailure
 
 # The RetrieverFailure kind of a request the retriever refused as the asker's mistake.
 REQUEST_FAILURE = "request"
-from .vision import ImageDecodeError, PixelBand, decode_page, decode_page_file
+from ..core.vision import ImageDecodeError, PixelBand, decode_page, decode_page_file
 
 Outcome = Union[list, RetrievedPage, RetrieverFailure]
 
@@ -163,7 +163,7 @@ class Observer:
 
     def _tool_observation(self, answers: list, kept: list, budget: int, image_slots: int,
                           template: Any, text_pages: Sequence[str] = ()) -> Optional[Observation]:
-        from .tool_turns import ToolResult
+        from ..core.tool_turns import ToolResult
 
         if sum(kept) > max(image_slots, 0):
             return None

@@ -6,7 +6,8 @@ it back as a `SavedBatch`, and also reads a trainer batch pickled from EasyR1 or
 `pickle.dump` or `torch.save`). Documented in docs/saved-batch.md.
 
 Format (FORMAT_VERSION 1): `torch.save` of a plain dict that `torch.load(weights_only=True)` reads
-(no pickled classes, so loading our own files runs no code):
+(no pickled classes, so loading our own files runs no code). One module on purpose: writing and
+reading the format are one contract, kept side by side under this specification.
 
 - `format`: "vrag-rollout/saved-batch"; `version`: 1.
 - `tensors`: every tensor of the output batch, rows = samples (the n samples of a prompt adjacent):

@@ -1,5 +1,5 @@
 """The rollout client's event-loop side: a private asyncio loop in a daemon thread, and an aiohttp
-transport with the same policy as `retriever_client.HttpTransport`.
+transport with the same policy as `blocking.HttpTransport`.
 
 Why: with a thread per request in flight, the answer that frees a place at a busy server has to
 wake another thread to send the next request; on a loaded core that wake-up waits for the
@@ -14,7 +14,11 @@ errors, 5xx and 429 are tried again after 0, 2 x backoff, 4 x backoff, ... secon
 half a backoff of jitter, at most 10 s); other statuses are not. A 503/429 carrying
 ``Retry-After`` is an admission-control refusal and is raised at once as `TransportOverloaded`
 (the client decides: wait in its window, or another replica). Failures raise the same
-`TransportError` subclasses, with the same messages, as `HttpTransport`.
+`TransportError` subclasses, with the same messages, as `HttpTransport`; the shared policy and
+settings are `transport`'s (`HttpSettings`). Fork-safe: a forked child starts a new session.
+
+`LoopThread` is `client.RetrieverClient`'s loop; a call on a closed one raises
+`RuntimeError(CLOSED)`. Imports `transport` and `forking`, never `client` (which imports this).
 """
 
 from __future__ import annotations
@@ -31,9 +35,9 @@ import aiohttp
 
 from retriever_server import contract
 
-from .retriever_client import (
+from . import forking
+from .transport import (
     BACKOFF_MAX_S,
-    CLOSED,
     REFUSAL_STATUSES,
     RETRY_STATUSES,
     HttpSettings,
@@ -44,14 +48,13 @@ from .retriever_client import (
     TransportMalformed,
     TransportOverloaded,
     TransportTimeout,
-    _FORK_AWARE,
-    _INHERITED,
     decode_json,
     parse_retry_after,
     retry_after_ms,
     tries_text,
 )
 
+CLOSED = "this RetrieverClient is closed"  # what a call on a closed client raises
 T = TypeVar("T")
 
 
@@ -164,12 +167,12 @@ class AsyncHttpTransport(HttpSettings):
         super().__init__(base_url, **settings)
         self._session: Optional[aiohttp.ClientSession] = None
         self._rng = random.Random()
-        _FORK_AWARE.add(self)
+        forking.register(self)
 
     def _after_fork_in_child(self) -> None:
         # The session's connections are the parent's sockets, on the parent's loop.
         if self._session is not None:
-            _INHERITED.append(self._session)
+            forking.keep_inherited(self._session)
             self._session = None
         self._rng = random.Random()  # else parent and child jitter in lockstep
 

@@ -61,6 +61,25 @@ def engine_limits(llm: Any) -> tuple[Optional[int], Optional[str]]:
     return (int(max_len) if isinstance(max_len, int) else None), (str(mode) if isinstance(mode, str) else None)
 
 
+def check_engine_limits(config: Any, llm: Any) -> Optional[str]:
+    """Refuse, before any rollout, what the engine would reject mid-batch or report wrongly;
+    returns the engine's logprobs mode."""
+    max_len, mode = engine_limits(llm)
+    budget = config.prompt_length + config.response_length
+    if max_len is not None and max_len < budget:
+        raise ValueError(
+            f"the engine's max_model_len {max_len} < prompt_length + response_length = {budget}: vLLM would "
+            "reject a long episode mid-batch and lose the batch; raise max_model_len or lower the lengths"
+        )
+    if config.calculate_log_probs and mode not in (None, SAMPLED_LOGPROBS_MODE) and config.temperature != 1.0:
+        raise ValueError(
+            f"calculate_log_probs at temperature {config.temperature} needs an engine built with "
+            f"logprobs_mode={SAMPLED_LOGPROBS_MODE!r} (this one reports {mode!r}: logprobs before temperature, "
+            "which disagree with the actor's)"
+        )
+    return mode
+
+
 def _breaks_kernel_scan(value: Any) -> bool:
     try:
         return hasattr(value, "__dict__") and not callable(getattr(vars(value), "get", None))

@@ -11,12 +11,12 @@ page ids. The document id is the file name's stem, the rule `vrag-retriever inde
 
 Output columns (one row per question, in input order; no list columns, because EasyR1's
 collate turns equal-length lists into a 2-D object array):
-- `prompt`: the agent's instructions for the action format (`vrag_rollout.prompts.AGENT_INSTRUCTIONS`
+- `prompt`: the agent's instructions for the action format (`vrag_rollout.data.prompts.AGENT_INSTRUCTIONS`
   for tags, `TOOL_CALL_INSTRUCTIONS` for tool_call) and the question, as the rollout's demo
   prompts are written (EasyR1 builds a single user turn from it; in a tool_call run the
   integration adds the tool schemas to the system turn);
 - `answer`: a JSON object `{"answer", "doc_id", "gold_pages"}`, EasyR1's `ground_truth`, read by
-  `vrag_rollout.reward`;
+  `vrag_rollout.core.reward`;
 - `doc_id`: the document the rollout searches;
 - `gold_pages`: the gold pages as a JSON list (for reading; the reward uses `answer`);
 - `question_id`: the input's `uid` as a string (EasyR1 sets its own `uid` column per batch).

@@ -14,8 +14,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Optional
 
-from .config import AgentRolloutConfig
-from .prompts import PromptSample, build_prompt_batch
+from ..config import AgentRolloutConfig
+from ..data.prompts import PromptSample, build_prompt_batch
 
 # The tiny model is random: a grammar makes vLLM's own sampling write well-formed actions.
 # Queries come from a closed list so recorded retriever fixtures cover every possible call.
@@ -74,8 +74,8 @@ def demo_prompts(tokenizer: Any, processor: Any, samples: list[PromptSample], co
     schemas and its own instructions."""
     if config.action_format != "tool_call":
         return build_prompt_batch(tokenizer, processor, samples, config.prompt_length, **kwargs)
-    from .prompts import TOOL_CALL_INSTRUCTIONS
-    from .tool_turns import TOOLS
+    from ..data.prompts import TOOL_CALL_INSTRUCTIONS
+    from ..core.tool_turns import TOOLS
 
     for sample in samples:
         sample.instructions = TOOL_CALL_INSTRUCTIONS
@@ -107,7 +107,7 @@ def demo_retrieval_calls() -> tuple[list[tuple[str, str]], list[tuple[str, str]]
 
 def record_demo_fixtures(out_path: Path, retriever_url: Optional[str] = None) -> dict:
     """Record every demo retriever call from a live server (the embedded one by default)."""
-    from .fixtures import record_fixtures
+    from ..retrieval.fixtures import record_fixtures
 
     searches, fetches = demo_retrieval_calls()
     with ExitStack() as stack:
@@ -152,7 +152,7 @@ def demo_config(**overrides: Any) -> AgentRolloutConfig:
 def demo_model(family: Optional[str] = None, model: Optional[str] = None) -> tuple[Path, str]:
     """(model dir, family name): a local checkpoint of a supported family, or the family's tiny
     model (built once, cached). A family named beside a checkpoint must be the checkpoint's."""
-    from .families import detect_family, family_by_name
+    from ..families import detect_family, family_by_name
     from .tiny_model import build_tiny_model, default_model_dir
 
     if model is None:
@@ -171,8 +171,8 @@ def run_demo(out_path: Path, *, family: Optional[str] = None, model: Optional[st
              retriever_url: Optional[str] = None, fixtures: Optional[str] = None, **config_overrides: Any) -> dict:
     from transformers import AutoProcessor
 
-    from .engine import configure_cpu_defaults
-    from .rollout import vLLMRolloutAgent
+    from ..engine.llm import configure_cpu_defaults
+    from ..rollout.agent import vLLMRolloutAgent
 
     configure_cpu_defaults()
     model_dir, family = demo_model(family, model)
@@ -194,9 +194,9 @@ def run_demo(out_path: Path, *, family: Optional[str] = None, model: Optional[st
 
 def finish_demo(output: Any, out_path: Path, *, processor: Any, model_dir: Path, config: AgentRolloutConfig) -> dict:
     """Save the batch, print one line per sample, check the saved file and write its view."""
-    from .check import run_check
-    from .saved_batch import save_rollout
-    from .view import write_html
+    from ..verify.check import run_check
+    from ..verify.saved_batch import save_rollout
+    from ..verify.view import write_html
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
     save_rollout(output, out_path, processor=processor, model_path=model_dir, config=config)

@@ -26,11 +26,8 @@ values; the loop applies them. Every wait for a tool batch has a deadline: the r
 (`driver.tool_deadline_s`), past which the call fails with `TimeoutError` (checked whenever the
 loop would block on the batch).
 
-The driver is the rollout (`rollout.vLLMRollout`): the schedules call its per-turn hooks
-(`_ready`, `_request`, `_after_generation`, `_execute_tools`, `_tool_outcomes`,
-`_observe_outcomes`, `_apply_tools`, `_room`) and read `sync`, `engine`, `inference_engine`,
-`max_turns`, `tool_deadline_s`. `ScheduleClock` collects where the time went, for the batch's
-metrics.
+The driver is the rollout (`agent.vLLMRollout`); what the schedules need of it is the `Driver`
+protocol below. `ScheduleClock` collects where the time went, for the batch's metrics.
 """
 
 from __future__ import annotations
@@ -39,12 +36,47 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, Protocol, TypeVar
 
-from .engine import ContinuousEngine
-from .episode import Episode
+from ..engine.llm import ContinuousEngine, TurnOutput, VLLMEngine
+from ..core.episode import Episode
 
 T = TypeVar("T")
+
+
+class Driver(Protocol):
+    """What a schedule needs of the rollout it runs: the engine and sync it uses, and the hooks
+    of one sample's turn (each delegating to the shared step, `core.step`)."""
+
+    engine: VLLMEngine  # the turn-synchronized engine
+    inference_engine: Any  # the `vllm.LLM`, for the continuous engine
+    sync: Any  # engine.group_sync.LocalSync or GroupSync
+    max_turns: int
+    tool_deadline_s: Optional[float]  # the bound on one batch of tool calls (None: the retriever's own)
+
+    def ready(self, episode: Episode) -> bool:
+        """Whether the sample generates again."""
+
+    def request(self, episode: Episode, turn: int) -> tuple[dict, Any]:
+        """The engine prompt and sampling parameters of the sample's next turn."""
+
+    def after_generation(self, episode: Episode, output: TurnOutput, turn: int) -> Any:
+        """Append the turn and settle it; the action when it needs the retriever, else None."""
+
+    def room(self, calls: list) -> list[tuple[int, int]]:
+        """(budget, image slots) of each call's episode, read when the calls go out."""
+
+    def execute_tools(self, calls: list) -> list:
+        """Observations for a batch of calls, on the calling thread (within `tool_deadline_s`)."""
+
+    def tool_outcomes(self, calls: list) -> list:
+        """The retriever's outcomes for a batch of calls (pure I/O; any thread)."""
+
+    def observe_outcomes(self, calls: list, outcomes: list, room: list) -> list:
+        """Observations for the outcomes within `room` (reads no episode; any thread)."""
+
+    def apply_tools(self, calls: list, results: list) -> None:
+        """Append each call's observation to its episode (the loop thread only)."""
 
 
 @dataclass
@@ -71,24 +103,24 @@ class ScheduleClock:
         }
 
 
-def run_turn_synchronized(driver: Any, episodes: list[Episode], clock: ScheduleClock) -> None:
+def run_turn_synchronized(driver: Driver, episodes: list[Episode], clock: ScheduleClock) -> None:
     for turn in range(driver.max_turns):
-        active = [ep for ep in episodes if driver._ready(ep)]
+        active = [ep for ep in episodes if driver.ready(ep)]
         if not active:
             break
-        requests = [driver._request(ep, turn) for ep in active]
+        requests = [driver.request(ep, turn) for ep in active]
         started = time.perf_counter()
         outputs = driver.engine.generate([r[0] for r in requests], [r[1] for r in requests])
         clock.engine += time.perf_counter() - started
         calls = [(ep, action) for ep, output in zip(active, outputs)
-                 if (action := driver._after_generation(ep, output, turn)) is not None]
+                 if (action := driver.after_generation(ep, output, turn)) is not None]
         if calls:
             started = time.perf_counter()
-            results = driver._execute_tools(calls)  # within driver.tool_deadline_s
+            results = driver.execute_tools(calls)  # within driver.tool_deadline_s
             waited = time.perf_counter() - started
             clock.blocked_on_tools += waited
             clock.sample_tool_wait += waited * len(calls)
-            driver._apply_tools(calls, results)
+            driver.apply_tools(calls, results)
 
 
 @dataclass
@@ -99,7 +131,7 @@ class _Batch:
     sent: float
 
 
-def run_continuous(driver: Any, episodes: list[Episode], clock: ScheduleClock, max_inflight: int) -> None:
+def run_continuous(driver: Driver, episodes: list[Episode], clock: ScheduleClock, max_inflight: int) -> None:
     engine = ContinuousEngine(driver.inference_engine)
     turns = {ep.index: 0 for ep in episodes}
     # On one rank the tool thread decodes the pages too; across ranks every rank decodes the
@@ -108,8 +140,8 @@ def run_continuous(driver: Any, episodes: list[Episode], clock: ScheduleClock, m
     deadline_s = driver.tool_deadline_s
 
     def submit(episode: Episode) -> None:
-        if driver._ready(episode):
-            prompt, params = driver._request(episode, turns[episode.index])
+        if driver.ready(episode):
+            prompt, params = driver.request(episode, turns[episode.index])
             started = time.perf_counter()
             # vLLM processes the request's inputs (its images included) here: engine work, as
             # inside LLM.generate for the synchronized schedule.
@@ -117,8 +149,8 @@ def run_continuous(driver: Any, episodes: list[Episode], clock: ScheduleClock, m
             clock.engine += time.perf_counter() - started
 
     def tool_work(calls: list, room: list) -> Any:
-        outcomes = driver._tool_outcomes(calls)
-        return driver._observe_outcomes(calls, outcomes, room) if local else outcomes
+        outcomes = driver.tool_outcomes(calls)
+        return driver.observe_outcomes(calls, outcomes, room) if local else outcomes
 
     def returned(inflight: list[_Batch], block: bool) -> list:
         """(batch index, result) of the batches back now; with `block`, at least one."""
@@ -141,7 +173,7 @@ def run_continuous(driver: Any, episodes: list[Episode], clock: ScheduleClock, m
             else:
                 finished = []
             for episode, output in finished:
-                action = driver._after_generation(episode, output, turns[episode.index])
+                action = driver.after_generation(episode, output, turns[episode.index])
                 if action is not None:
                     waiting.append((episode, action))
                 elif not episode.done:  # corrected an invalid action: on to the next turn
@@ -161,14 +193,14 @@ def run_continuous(driver: Any, episodes: list[Episode], clock: ScheduleClock, m
                 inflight = [b for k, b in enumerate(inflight) if k not in done]
                 for batch, result in finished_batches:
                     clock.sample_tool_wait += (now - batch.sent) * len(batch.calls)
-                    results = result if local else driver._observe_outcomes(batch.calls, result, batch.room)
-                    driver._apply_tools(batch.calls, results)
+                    results = result if local else driver.observe_outcomes(batch.calls, result, batch.room)
+                    driver.apply_tools(batch.calls, results)
                     for episode, _ in batch.calls:
                         turns[episode.index] += 1
                         submit(episode)
             if waiting and len(inflight) < max_inflight:
                 calls, waiting = waiting, []
-                room = driver._room(calls)
+                room = driver.room(calls)
                 future = tools.submit(tool_work, calls, room) if driver.sync.is_source else None
                 inflight.append(_Batch(calls, room, future, time.perf_counter()))
         failed = False

@@ -13,8 +13,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from .positions import rope_positions
-from .protocol import DataProto, object_array
+from ..core.positions import rope_positions
+from ..protocol import DataProto, object_array
 
 AGENT_INSTRUCTIONS = (
     "Answer the question about the document using its pages. "

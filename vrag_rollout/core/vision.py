@@ -18,8 +18,9 @@ import binascii
 import io
 import math
 import re
+import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import cv2
 import numpy as np
@@ -109,7 +110,7 @@ def page_band(processor: Any, min_pixels: int | None = None, max_pixels: int | N
     model, i.e. times its (patch * merge)^2, clipped into the processor's own band: a Qwen3-VL
     page then gets as many tokens as a Qwen2-VL page, not 30% fewer.
     """
-    from .config import DEFAULT_PAGE_MAX_TOKENS, DEFAULT_PAGE_MIN_TOKENS
+    from ..config import DEFAULT_PAGE_MAX_TOKENS, DEFAULT_PAGE_MIN_TOKENS
 
     ip = getattr(processor, "image_processor", None) or processor
     p_min, p_max = _processor_pixel_limits(ip)
@@ -346,3 +347,15 @@ def decode_page_file(raw: bytes, band: PixelBand) -> PageImage:
     except ValueError:
         pass
     return fit_to_band(_decode_pil(raw), band)
+
+
+def narrowed_band(band: Any, min_pixels: Optional[int], max_pixels: Optional[int]) -> Any:
+    """`band` intersected with the trainer's [min_pixels, max_pixels]; ValueError if disjoint."""
+    low = max(band.min_pixels, int(min_pixels or 0))
+    high = min(band.max_pixels, int(max_pixels)) if max_pixels else band.max_pixels
+    if low > high or high < band.factor**2:
+        raise ValueError(
+            f"the page pixel band [{band.min_pixels}, {band.max_pixels}] does not overlap the trainer's "
+            f"image band [{min_pixels}, {max_pixels}]: set page_min_pixels/page_max_pixels inside it"
+        )
+    return dataclasses.replace(band, min_pixels=low, max_pixels=high)

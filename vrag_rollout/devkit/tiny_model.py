@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .families import family_by_name
+from ..families import family_by_name
 from .tiny_families import TINY_FAMILIES, TinyFamily
 
 # Bump when anything that changes the built files changes: old caches are then rebuilt.
@@ -223,7 +223,7 @@ def default_model_dir(family: str = "qwen2-vl") -> Path:
     return base / f"tiny-{slug}-v{BUILDER_VERSION}"
 
 
-if __name__ == "__main__":  # python -m vrag_rollout.tiny_model [FAMILY [DIR]]
+if __name__ == "__main__":  # python -m vrag_rollout.devkit.tiny_model [FAMILY [DIR]]
     import sys
 
     name = sys.argv[1] if len(sys.argv) > 1 else "qwen2-vl"

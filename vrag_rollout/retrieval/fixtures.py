@@ -40,15 +40,11 @@ from typing import Any, Iterable
 
 from retriever_server import contract
 
-from .retriever_client import (
-    ERROR_ID,
-    FetchSpec,
-    HttpTransport,
-    RetrieverClient,
-    RetrieverFailure,
-    TransportHTTPError,
-    is_wire_item,
-)
+from .blocking import HttpTransport
+from .client import RetrieverClient
+from .transport import TransportHTTPError
+from .types import FetchSpec, RetrieverFailure
+from .wire import ERROR_ID, is_wire_item
 
 FORMAT = 1
 SearchKey = tuple[str, str, int]  # (doc_id, query, top_n)
@@ -179,7 +175,7 @@ def _pairs(body: dict) -> tuple[list, list]:
 
 
 class FixtureTransport:
-    """A transport (see retriever_client.Transport) answering from recorded items."""
+    """A transport (see transport.Transport) answering from recorded items."""
 
     def __init__(self, fixtures: Fixtures, *, strict: bool = True, source: str | None = None):
         self.fixtures = fixtures

@@ -2,14 +2,13 @@
 
 They compose the pure modules (episode, step, observation, batch) with the two I/O edges (the
 vLLM engine and the retriever client) and run one of the two schedules (`schedules.py`), which
-drive every sample through the same per-turn hooks defined here.
+drive every sample through the same per-turn hooks defined here (the schedules' `Driver`
+protocol); what differs per action format is the rollout's format object (`formats.py`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from pathlib import Path
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Sequence
@@ -17,20 +16,22 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 from tensordict import TensorDict
 
-from . import step
-from .actions import TOOL_STOPS, Fetch, Search
-from .batch import BatchSpec, collect_metrics, episode_columns, response_position_ids, response_tensors
-from .config import AgentRolloutConfig
-from .engine import SAMPLED_LOGPROBS_MODE, VLLMEngine, build_llm, engine_limits
-from .episode import Episode
-from .families import detect_family
-from .group_sync import LocalSync, sync_for
-from .observation import ObservationBuilder, VisionTokens
-from .prompt_images import engine_images, image_key, prompt_entries
-from .protocol import object_array
-from .sampling import BANNED_LOGIT_BIAS, SamplingPlan, data_parallel_rank, overrides_from_meta, request_seed
+from ..config import AgentRolloutConfig
+from ..core import step
+from ..core.actions import Fetch, Search
+from ..core.batch import BatchSpec, collect_metrics, episode_columns, response_position_ids, response_tensors
+from ..core.episode import Episode
+from ..core.observation import ObservationBuilder, VisionTokens
+from ..core.prompt_images import engine_images, image_key, prompt_entries
+from ..core.vision import narrowed_band
+from ..core.serial_tokenizer import private_copy
+from ..engine.group_sync import LocalSync, sync_for
+from ..engine.llm import VLLMEngine, build_llm, check_engine_limits
+from ..engine.sampling import BANNED_LOGIT_BIAS, SamplingPlan, data_parallel_rank, overrides_from_meta, request_seed
+from ..families import detect_family
+from ..protocol import object_array
+from .formats import FORMATS
 from .schedules import ScheduleClock, call_within, run_continuous, run_turn_synchronized
-from .serial_tokenizer import private_copy
 
 
 # Seconds a tool batch may take beyond the retriever's own deadline: decoding and resizing its
@@ -65,7 +66,7 @@ class vLLMRollout(BaseRollout):
         self.vision_tokens = VisionTokens.from_tokenizer(self.tokenizer)
         self.max_images = self.config.images_per_sample()
         self.inference_engine = inference_engine or build_llm(model_path, self.config, self.max_images)
-        self.logprobs_mode = _check_engine_limits(self.config, self.inference_engine)
+        self.logprobs_mode = check_engine_limits(self.config, self.inference_engine)
         # The ranks of a tensor-parallel group must see identical tool outcomes (group_sync.py).
         self.sync = group_sync or sync_for(self.config.tensor_parallel_size) or LocalSync()
         self.engine = VLLMEngine(self.inference_engine)
@@ -81,7 +82,7 @@ class vLLMRollout(BaseRollout):
         )
         self.merge_size = _merge_size(processor)
         self._calls = 0  # rollout calls started so far
-        self._step = 0  # the number of the current call: part of every request seed
+        self.call_number = 0  # the number of the current call: part of every request seed
         # Also part of every seed: the same prompt on two data-parallel ranks gets other noise.
         self.dp_rank = data_parallel_rank if data_parallel_rank is not None else _dp_rank(self.config)
 
@@ -99,7 +100,7 @@ class vLLMRollout(BaseRollout):
         clock = ScheduleClock()
         # The call's number is taken before anything can fail: no seed or request id of a failed
         # call is used again by the next one.
-        self._step, self._calls = self._calls, self._calls + 1
+        self.call_number, self._calls = self._calls, self._calls + 1
         with self.update_sampling_params(**overrides_from_meta(prompts.meta_info)):
             n = self.sampling.n  # an override of n holds for this call only
             episodes = self._episodes(prompts, n)
@@ -113,14 +114,14 @@ class vLLMRollout(BaseRollout):
         return self._assemble(prompts, episodes, n, clock)
 
     # ---- one turn of one sample (the shared, pure step) ----
-    def _ready(self, episode: Episode) -> bool:
+    def ready(self, episode: Episode) -> bool:
         return step.ready(episode)
 
-    def _request(self, episode: Episode, turn: int) -> tuple:
-        seed = request_seed(self.sampling.seed, self._step, episode.index, turn, self.dp_rank)
+    def request(self, episode: Episode, turn: int) -> tuple:
+        seed = request_seed(self.sampling.seed, self.call_number, episode.index, turn, self.dp_rank)
         return episode.engine_prompt(), self.sampling.params(episode.remaining, seed)
 
-    def _after_generation(self, episode: Episode, output: Any, turn: int) -> Any:
+    def after_generation(self, episode: Episode, output: Any, turn: int) -> Any:
         """Append the sampled tokens and settle the action; returns it when it needs the retriever."""
         return step.after_generation(
             episode, output, last_turn=turn == self.max_turns - 1,
@@ -130,14 +131,14 @@ class vLLMRollout(BaseRollout):
     def _before_rollout(self, meta: dict) -> None:
         pass
 
-    def _execute_tools(self, calls: list) -> list:
+    def execute_tools(self, calls: list) -> list:
         """Observations for a batch of tool calls: the source rank's outcomes, decoded here."""
-        room = self._room(calls)
-        outcomes = self.sync.share(lambda: call_within(lambda: self._tool_outcomes(calls), self.tool_deadline_s))
-        return self._observe_outcomes(calls, outcomes, room)
+        room = self.room(calls)
+        outcomes = self.sync.share(lambda: call_within(lambda: self.tool_outcomes(calls), self.tool_deadline_s))
+        return self.observe_outcomes(calls, outcomes, room)
 
     @staticmethod
-    def _room(calls: list) -> list[tuple[int, int]]:
+    def room(calls: list) -> list[tuple[int, int]]:
         """(response budget, image slots) of each call's episode, read on the loop thread when the
         calls go out: what their observations may fill (a tool thread reads no episode)."""
         return [(episode.remaining, episode.image_slots) for episode, _ in calls]
@@ -147,13 +148,13 @@ class vLLMRollout(BaseRollout):
         """How long one batch of tool calls may take; None when no retriever states a bound."""
         return None
 
-    def _tool_outcomes(self, calls: list) -> list:
+    def tool_outcomes(self, calls: list) -> list:
         raise RuntimeError("this rollout has no tools")  # no stop strings: tool calls cannot occur
 
-    def _observe_outcomes(self, calls: list, outcomes: list, room: list) -> list:
+    def observe_outcomes(self, calls: list, outcomes: list, room: list) -> list:
         raise RuntimeError("this rollout has no tools")
 
-    def _apply_tools(self, calls: list, results: list) -> None:
+    def apply_tools(self, calls: list, results: list) -> None:
         raise RuntimeError("this rollout has no tools")
 
     # ---- input and output ----
@@ -254,35 +255,23 @@ class vLLMRolloutAgent(vLLMRollout):
 
     def __init__(self, model_path: str, config: Any, tokenizer: Any, processor: Any, *,
                  inference_engine: Any = None, retriever: Any = None, **kwargs: Any):
-        native = AgentRolloutConfig.from_any(config).action_format == "tool_call"
-        # Tags: a turn stops at </search> or </fetch>. Tool calls: it ends with its end-of-turn
-        # token, the only EOS the chat format continues after (the other one is banned).
-        self.stop_strings = () if native else TOOL_STOPS
+        format_class = FORMATS[AgentRolloutConfig.from_any(config).action_format]
+        self.stop_strings = format_class.stop_strings
         super().__init__(model_path, config, tokenizer, processor, inference_engine=inference_engine, **kwargs)
+        from ..core.vision import page_band
         from .tools import Observer
-        from .vision import page_band
 
         if processor is None:
             raise ValueError("vLLMRolloutAgent needs the model's processor (page grids must match the actor's)")
         self.band = page_band(processor, self.config.page_min_pixels, self.config.page_max_pixels)
         self.retriever = retriever or self._default_retriever()
         self.observer = Observer(self.observations, self.band)
-        self.tool_turns = None
-        if native:
-            from .tool_turns import TOOLS, ToolTurnTemplate
+        self.format = format_class(self.config, self.tokenizer)
+        self.sampling.banned.extend(self.format.banned_token_ids)
 
-            template = _read_template(self.config.chat_template) if self.config.chat_template else None
-            self.tool_turns = ToolTurnTemplate(self.tokenizer, TOOLS, chat_template=template)
-            self.turn_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-            other_eos = self.tokenizer.convert_tokens_to_ids("<|endoftext|>")
-            if isinstance(other_eos, int) and other_eos != self.turn_end:
-                self.sampling.banned.append(other_eos)
-
-    def _after_generation(self, episode: Episode, output: Any, turn: int) -> Any:
-        if self.tool_turns is None:
-            return super()._after_generation(episode, output, turn)
-        return step.after_tool_call_turn(episode, output, last_turn=turn == self.max_turns - 1,
-                                         turn_end=self.turn_end)
+    def after_generation(self, episode: Episode, output: Any, turn: int) -> Any:
+        return self.format.after_generation(episode, output, last_turn=turn == self.max_turns - 1,
+                                            observations=self.observations)
 
     @property
     def max_turns(self) -> int:
@@ -295,12 +284,12 @@ class vLLMRolloutAgent(vLLMRollout):
         return None if bound is None else float(bound) + DECODE_SLACK_S
 
     def _default_retriever(self) -> Any:
-        from .retriever_client import RetrieverClient
+        from ..retrieval.client import RetrieverClient
 
         config = self.config
         transport = None
         if config.retriever_fixtures:
-            from .fixtures import FixtureTransport
+            from ..retrieval.fixtures import FixtureTransport
 
             transport = FixtureTransport.load(config.retriever_fixtures)
         return RetrieverClient(
@@ -314,22 +303,9 @@ class vLLMRolloutAgent(vLLMRollout):
 
     def _episodes(self, prompts: Any, n: int) -> list[Episode]:
         episodes = super()._episodes(prompts, n)
-        if self.tool_turns is not None:
-            self._check_prompts_carry_tools(episodes[::n])
+        self.format.check_prompts([self.tokenizer.decode(episode.prompt_engine_ids, skip_special_tokens=False)
+                                   for episode in episodes[::n]])
         return episodes
-
-    def _check_prompts_carry_tools(self, firsts: list[Episode]) -> None:
-        """Tool calls from a prompt that never showed the tools would train the policy on a
-        conversation no deployment has: refuse it."""
-        for row, episode in enumerate(firsts):
-            text = self.tokenizer.decode(episode.prompt_engine_ids, skip_special_tokens=False)
-            missing = self.tool_turns.missing_tools(text)
-            if missing:
-                raise ValueError(
-                    f"action_format='tool_call', but prompt {row} does not "
-                    f"carry the schemas of {missing} in its system turn: render prompts with tools= "
-                    "(vrag_rollout.tool_turns.TOOLS); EasyR1 runs started with `python -m "
-                    "vrag_rollout.integrations.easyr1` do this for its dataset (docs/easyr1.md)")
 
     def _doc_ids(self, prompts: Any) -> list[Optional[str]]:
         key = self.config.doc_id_key
@@ -360,33 +336,20 @@ class vLLMRolloutAgent(vLLMRollout):
         stats = getattr(self.retriever, "stats", None)
         return stats.snapshot() if stats is not None else {}
 
-    def _tool_outcomes(self, calls: list) -> list:
-        """The retriever's outcomes (pages or failures) for a batch of calls; pure I/O. A native
-        tool turn's calls go out flat and come back grouped per turn (invalid calls: None)."""
-        from .tools import ToolCall, call_retriever
+    def tool_outcomes(self, calls: list) -> list:
+        """The retriever's outcomes (pages or failures) for a batch of calls, per call as the
+        format groups them; pure I/O."""
+        from .tools import call_retriever
 
-        if self.tool_turns is None:
-            requests = [ToolCall(i, action, episode.doc_id) for i, (episode, action) in enumerate(calls)]
-            return call_retriever(requests, self.retriever, self.config.top_n)
-        flat = [(k, j, ToolCall(0, call, episode.doc_id)) for k, (episode, turn) in enumerate(calls)
-                for j, call in enumerate(turn.calls) if isinstance(call, (Search, Fetch))]
-        outcomes = call_retriever([request for _, _, request in flat], self.retriever, self.config.top_n)
-        grouped: list[list] = [[None] * len(turn.calls) for _, turn in calls]
-        for (k, j, _), outcome in zip(flat, outcomes):
-            grouped[k][j] = outcome
-        return grouped
+        flat = call_retriever(self.format.requests(calls), self.retriever, self.config.top_n)
+        return self.format.regroup(calls, flat)
 
-    def _observe_outcomes(self, calls: list, outcomes: list, room: list) -> list:
+    def observe_outcomes(self, calls: list, outcomes: list, room: list) -> list:
         """Pages decoded and observations built for each call, within the `room` each episode had
         when the calls went out (no episode is read or changed: this may run in a tool thread)."""
-        if self.tool_turns is not None:
-            return [self.observer.observe_tool_turn(turn.calls, outs, budget, slots, self.tool_turns)
-                    for (_, turn), outs, (budget, slots) in zip(calls, outcomes, room)]
-        return self.observer.observe_turn(
-            [(action, outcome, budget, slots) for (_, action), outcome, (budget, slots) in zip(calls, outcomes, room)]
-        )
+        return self.format.observe(self.observer, calls, outcomes, room)
 
-    def _apply_tools(self, calls: list, results: list) -> None:
+    def apply_tools(self, calls: list, results: list) -> None:
         for (episode, action), result in zip(calls, results):
             if isinstance(action, Search):
                 episode.searches += 1
@@ -400,46 +363,8 @@ class vLLMRolloutAgent(vLLMRollout):
             step.observe(episode, result.observation)
 
 
-def narrowed_band(band: Any, min_pixels: Optional[int], max_pixels: Optional[int]) -> Any:
-    """`band` intersected with the trainer's [min_pixels, max_pixels]; ValueError if disjoint."""
-    low = max(band.min_pixels, int(min_pixels or 0))
-    high = min(band.max_pixels, int(max_pixels)) if max_pixels else band.max_pixels
-    if low > high or high < band.factor**2:
-        raise ValueError(
-            f"the page pixel band [{band.min_pixels}, {band.max_pixels}] does not overlap the trainer's "
-            f"image band [{min_pixels}, {max_pixels}]: set page_min_pixels/page_max_pixels inside it"
-        )
-    return dataclasses.replace(band, min_pixels=low, max_pixels=high)
-
-
-def _read_template(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError as e:
-        raise ValueError(f"chat_template {path!r} cannot be read as a template file: {e}") from e
-
-
 def _dp_rank(config: AgentRolloutConfig) -> int:
     return data_parallel_rank(config.tensor_parallel_size)
-
-
-def _check_engine_limits(config: AgentRolloutConfig, llm: Any) -> Optional[str]:
-    """Refuse, before any rollout, what the engine would reject mid-batch or report wrongly;
-    returns the engine's logprobs mode."""
-    max_len, mode = engine_limits(llm)
-    budget = config.prompt_length + config.response_length
-    if max_len is not None and max_len < budget:
-        raise ValueError(
-            f"the engine's max_model_len {max_len} < prompt_length + response_length = {budget}: vLLM would "
-            "reject a long episode mid-batch and lose the batch; raise max_model_len or lower the lengths"
-        )
-    if config.calculate_log_probs and mode not in (None, SAMPLED_LOGPROBS_MODE) and config.temperature != 1.0:
-        raise ValueError(
-            f"calculate_log_probs at temperature {config.temperature} needs an engine built with "
-            f"logprobs_mode={SAMPLED_LOGPROBS_MODE!r} (this one reports {mode!r}: logprobs before temperature, "
-            "which disagree with the actor's)"
-        )
-    return mode
 
 
 def _merge_size(processor: Any) -> int:

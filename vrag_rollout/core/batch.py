@@ -11,7 +11,7 @@ import torch
 
 from .episode import Episode
 from .positions import rope_positions, text_positions
-from .protocol import object_array
+from ..protocol import object_array
 
 
 @dataclass(frozen=True)

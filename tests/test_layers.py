@@ -1,0 +1,175 @@
+"""The package's layers as rules on its imports, read from the source (ast; nothing imported).
+
+vrag_rollout: `core/` is pure (no engine, no retriever, no vllm, no HTTP library); only
+`engine/` imports vllm; `verify/` imports only `verify/`; `retrieval/` imports nothing of the
+episode logic, the engine or the rollout; nothing below `rollout/` imports it; no import cycle.
+retriever_server: the wire contract imports nothing; backends and encoders know nothing of HTTP.
+Each rule is also shown to fail on a planted violation, so the checker itself can fail.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HTTP = ("urllib3", "aiohttp", "requests", "httpx", "fastapi", "uvicorn", "starlette")
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """module -> every module or name it imports (relative imports resolved), at any depth of
+    the file (imports inside functions count: a layer rule is about what a module may use)."""
+    graph = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        module = ".".join(parts[:-1] if is_package else parts)
+        home = module if is_package else module.rsplit(".", 1)[0]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = home.split(".")[: len(home.split(".")) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                found.add(target)
+                found |= {f"{target}.{alias.name}" for alias in node.names}
+        graph[module] = found
+    return graph
+
+
+def modules_imported(graph: dict[str, set[str]], module: str) -> set[str]:
+    """The package modules `module` imports (names inside a module count as that module)."""
+    known = set(graph)
+    out = set()
+    for name in graph[module]:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        if name and name != module:
+            out.add(name)
+    return out
+
+
+def in_layer(module: str, layer: str) -> bool:
+    return module == layer or module.startswith(layer + ".")
+
+
+def violations(graph: dict[str, set[str]], package: str, rules: list[tuple]) -> list[str]:
+    """(layer, allowed package layers or None, forbidden top-level libraries) per rule."""
+    found = []
+    for layer, allowed, forbidden in rules:
+        for module in graph:
+            if not in_layer(module, f"{package}.{layer}"):
+                continue
+            for target in modules_imported(graph, module):
+                if allowed is not None and not any(in_layer(target, f"{package}.{a}" if a else package)
+                                                   for a in allowed):
+                    if target != package:
+                        found.append(f"{module} imports {target}")
+            for name in graph[module]:
+                if name.split(".")[0] in forbidden:
+                    found.append(f"{module} imports {name}")
+    return found
+
+
+def library_users(graph: dict[str, set[str]], library: str) -> set[str]:
+    return {m for m, names in graph.items() if any(n.split(".")[0] == library for n in names)}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Import cycles between modules (package __init__ re-exports of their own children excluded)."""
+    edges = {m: {t for t in modules_imported(graph, m) if not m.startswith(t + ".")} for m in graph}
+    found, state = [], {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for target in sorted(edges[module]):
+            if state.get(target) == "open":
+                found.append(path[path.index(target):] + [target])
+            elif target not in state:
+                visit(target, path + [target])
+        state[module] = "done"
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module, [module])
+    return found
+
+
+LEAVES = ("config", "protocol", "families")  # top-level modules every layer may use
+ROLLOUT_RULES = [
+    ("core", ["core", *LEAVES], ("vllm", "retriever_server", *HTTP)),
+    ("engine", ["engine", *LEAVES], ()),
+    ("retrieval", ["retrieval"], ("vllm",)),
+    ("verify", ["verify"], ("vllm", "retriever_server")),
+]
+SERVER_RULES = [
+    ("contract", [], ()),
+    ("backends", ["backends", "store", "manifest", "swap", "roles", "headings", "encoders", "imaging"], HTTP),
+    ("encoders", ["encoders"], HTTP),
+]
+
+
+@pytest.fixture(scope="module")
+def rollout_graph():
+    return import_graph("vrag_rollout")
+
+
+def test_the_rollout_package_keeps_its_layers(rollout_graph):
+    assert violations(rollout_graph, "vrag_rollout", ROLLOUT_RULES) == []
+
+
+def test_only_the_engine_layer_imports_vllm(rollout_graph):
+    assert {m for m in library_users(rollout_graph, "vllm") if not in_layer(m, "vrag_rollout.engine")} == set()
+
+
+def test_nothing_below_the_rollout_layer_imports_it(rollout_graph):
+    below = ("core", "engine", "retrieval", "verify")
+    assert [f"{m} imports {t}" for m in rollout_graph for t in modules_imported(rollout_graph, m)
+            if any(in_layer(m, f"vrag_rollout.{b}") for b in below) and in_layer(t, "vrag_rollout.rollout")] == []
+
+
+def test_no_import_cycle_in_either_package(rollout_graph):
+    assert cycles(rollout_graph) == []
+    assert cycles(import_graph("retriever_server")) == []
+
+
+def test_the_retriever_server_keeps_its_layers():
+    assert violations(import_graph("retriever_server"), "retriever_server", SERVER_RULES) == []
+
+
+def test_every_subpackage_maps_its_modules():
+    """Each layer's __init__ docstring names every module in it, so the tree explains itself."""
+    for init in sorted((ROOT / "vrag_rollout").glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        for child in sorted(init.parent.iterdir()):
+            name = child.stem if child.suffix == ".py" else child.name
+            if name.startswith("_") or not (child.suffix == ".py" or (child / "__init__.py").exists()):
+                continue
+            assert f"`{name}`" in doc, f"{init.relative_to(ROOT)} does not describe `{name}`"
+
+
+def test_the_checks_catch_planted_violations(rollout_graph):
+    """Each rule fails when it is broken: the same checks on the real graph plus one bad import."""
+    def planted(module: str, name: str) -> dict[str, set[str]]:
+        graph = {m: set(names) for m, names in rollout_graph.items()}
+        graph[module].add(name)
+        return graph
+
+    assert violations(planted("vrag_rollout.core.step", "vrag_rollout.engine.llm.TurnOutput"), "vrag_rollout",
+                      ROLLOUT_RULES) == ["vrag_rollout.core.step imports vrag_rollout.engine.llm"]
+    assert violations(planted("vrag_rollout.core.vision", "urllib3"), "vrag_rollout", ROLLOUT_RULES) == [
+        "vrag_rollout.core.vision imports urllib3"]
+    assert violations(planted("vrag_rollout.verify.view", "vrag_rollout.core.positions"), "vrag_rollout",
+                      ROLLOUT_RULES) == ["vrag_rollout.verify.view imports vrag_rollout.core.positions"]
+    assert violations(planted("vrag_rollout.retrieval.fixtures", "vrag_rollout.core.actions.Search"),
+                      "vrag_rollout", ROLLOUT_RULES) == [
+        "vrag_rollout.retrieval.fixtures imports vrag_rollout.core.actions"]
+    assert library_users(planted("vrag_rollout.rollout.agent", "vllm"), "vllm") - library_users(
+        rollout_graph, "vllm") == {"vrag_rollout.rollout.agent"}
+    assert cycles(planted("vrag_rollout.core.actions", "vrag_rollout.core.step")) != []

@@ -1,0 +1,17 @@
+"""The episode logic, pure: no vLLM, no network, no engine or retriever objects.
+
+Rule (tests/test_layers.py): imports only `core/` and the package's leaf modules (`config`,
+`protocol`, `families`); never `engine/`, `retrieval/`, vllm or an HTTP library.
+
+- `actions`: the tag format's actions read from a turn's text, and every malformed one.
+- `tool_turns`: the native tool-call format: the tools, reading calls, tool-turn tokens from the chat template.
+- `episode`: one sample's growing response and its invariants.
+- `step`: one turn of one sample, shared by every schedule.
+- `observation`: tool results as observation tokens (engine and trainer views).
+- `serial_tokenizer`: a tokenizer any thread may call, one call at a time.
+- `vision`: page decoding and resizing into the processor's pixel band.
+- `positions`: mrope position ids of a sequence with images.
+- `batch`: episodes assembled into the trainer's tensors and columns.
+- `prompt_images`: the images of a prompt, in the input's spellings.
+- `reward`: answer, format and retrieval scores of finished episodes.
+"""

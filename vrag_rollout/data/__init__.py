@@ -1,0 +1,5 @@
+"""Prompts and datasets for the trainer.
+
+- `prompts`: building a prompt batch as EasyR1 does (chat template, images, position ids).
+- `dataset`: converting document-QA JSON into the trainer's parquet.
+"""

@@ -1,0 +1,6 @@
+"""Developer kits: the demo and the tiny offline models of each family.
+
+- `demo`: the main job: a real rollout of a tiny model against the embedded retriever.
+- `tiny_model`: builds a family's tiny random model offline.
+- `tiny_families`: the per-family pieces of the tiny models (configs, templates).
+"""

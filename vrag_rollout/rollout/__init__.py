@@ -1,0 +1,14 @@
+"""The trainer-facing rollout: the classes a trainer builds and the schedules that run them.
+
+Rule (tests/test_layers.py): may import every layer below it (`core/`, `engine/`,
+`retrieval/`); nothing below imports `rollout/`.
+
+- `agent`: `BaseRollout`, `vLLMRollout`, `vLLMRolloutAgent` (re-exported here: `vrag_rollout.rollout` keeps working).
+- `schedules`: the turn-synchronized and continuous schedules, over one per-turn step (the `Driver` protocol).
+- `formats`: one object per action format (tags, native tool calls), looked up once.
+- `tools`: executing a turn's tool calls and building their observations.
+"""
+
+from .agent import BaseRollout, vLLMRollout, vLLMRolloutAgent
+
+__all__ = ["BaseRollout", "vLLMRollout", "vLLMRolloutAgent"]

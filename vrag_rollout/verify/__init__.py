@@ -1,0 +1,10 @@
+"""Offline verification of saved batches, independent of the code that made them.
+
+Rule (tests/test_layers.py): imports only `verify/` (its independence from the rollout is its
+value: it recomputes from the model's own code what the rollout claims).
+
+- `saved_batch`: the saved-batch file format (save, load, validate).
+- `check`: the independent checker, a package of one module per check (masks, image tokens,
+  positions, logprobs, ...).
+- `view`: a self-contained HTML view of a batch.
+"""

@@ -1,0 +1,115 @@
+"""Structural checks ("contract"): tensor shapes, masks and tokens, from the batch alone.
+
+Contract: `check_shapes(saved)` checks tensor widths (`responses` R wide, `input_ids` /
+`attention_mask` / `position_ids` P+R, `position_ids` (B, L) or (B, 3|4, L)), the config's
+`response_length` and per-sample columns as long as the batch; it returns (failures, notes) and
+the per-sample checks run only when it found no failure. `check_row_contract(row, prompts,
+eos_ids, native)` checks one sample: `input_ids == prompts + responses`, 0/1 masks, a
+left-padded prompt with an attended token, real response tokens (`attention_mask`'s response
+part) contiguous from response position 0, `loss_mask` ⊆ `response_mask` ⊆ that part
+(`response_mask` equal to it, or to `loss_mask` in EasyR1's layout), nothing after the first
+EOS (in the native tool-call format an EOS may end an assistant turn before a masked tool
+turn), and an EOS last when the sample says it ended on one (`answered`, `eos`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..saved_batch import SavedBatch
+from .report import Failure
+from .rows import Row, first_bad
+
+REQUIRED_TENSORS = ("prompts", "responses", "input_ids", "attention_mask", "response_mask", "position_ids")
+EOS_REASONS = ("answered", "eos")
+
+
+def check_shapes(saved: SavedBatch) -> tuple[list[Failure], list[str]]:
+    t, fails, notes = saved.tensors, [], []
+    missing = [key for key in REQUIRED_TENSORS if key not in t]
+    if missing:
+        return [Failure("contract", None, None, f"missing tensors {missing}")], notes
+    size, prompt_len = t["prompts"].shape
+    resp_len = t["responses"].shape[1]
+    want = {
+        "responses": (size, resp_len),
+        "input_ids": (size, prompt_len + resp_len),
+        "attention_mask": (size, prompt_len + resp_len),
+        "response_mask": (size, resp_len),
+        "loss_mask": (size, resp_len),
+        "rollout_log_probs": (size, resp_len),
+    }
+    for key, shape in want.items():
+        if key in t and tuple(t[key].shape) != shape:
+            fails.append(Failure("contract", None, None, f"{key} has shape {tuple(t[key].shape)}, expected {shape}"))
+    pos = t["position_ids"]
+    width = prompt_len + resp_len
+    if not (tuple(pos.shape) == (size, width)
+            or (pos.dim() == 3 and pos.shape[0] == size and pos.shape[1] in (3, 4) and pos.shape[2] == width)):
+        fails.append(Failure("contract", None, None, f"position_ids has shape {tuple(pos.shape)}, expected "
+                             f"({size}, [4 or 3,] {prompt_len + resp_len})"))
+    configured = saved.config.get("response_length")
+    if isinstance(configured, int) and configured > 0 and configured != resp_len:
+        fails.append(Failure("contract", None, None,
+                             f"responses are {resp_len} wide, the config's response_length is {configured}"))
+    if len(saved.images) != size:
+        fails.append(Failure("contract", None, None, f"{len(saved.images)} image lists for {size} samples"))
+    for name, values in saved.columns.items():
+        if len(values) != size:
+            fails.append(Failure("contract", None, None, f"column {name!r} has {len(values)} rows, the batch {size}"))
+    if "loss_mask" not in t:
+        notes.append("no loss_mask: response_mask is taken as the loss mask")
+    return fails, notes
+
+
+def check_row_contract(row: Row, prompts: torch.Tensor, eos_ids: set[int], native: bool = False) -> list[Failure]:
+    fails: list[Failure] = []
+    s, P = row.index, row.prompt_len
+
+    def fail(position: Optional[int], message: str) -> None:
+        fails.append(Failure("contract", s, position, message))
+
+    full = torch.cat([prompts, row.responses])
+    bad = first_bad(row.ids != full)
+    if bad is not None:
+        fail(bad, f"input_ids {int(row.ids[bad])} != prompts+responses {int(full[bad])}")
+    masks = (("attention_mask", row.attention), ("response_mask", row.response_mask), ("loss_mask", row.loss))
+    for name, mask in masks:
+        bad = first_bad((mask != 0) & (mask != 1))
+        if bad is not None:
+            fail(bad + (0 if name == "attention_mask" else P), f"{name} holds {mask[bad].item()}, not 0/1")
+    prompt_mask = row.attention[:P].long()
+    bad = first_bad(torch.diff(prompt_mask) < 0)
+    if bad is not None:
+        fail(bad + 1, "prompt is not left-padded: attention_mask drops to 0 after a real token")
+    if int(prompt_mask.sum()) == 0:
+        fail(0, "prompt has no attended token")
+    real = row.real.long()
+    bad = first_bad(torch.diff(real) > 0)
+    if bad is not None:
+        fail(P + bad + 1, "response tokens are not contiguous from response position 0 (a real token after padding)")
+    for inner, outer, message in (
+        (row.response_mask, row.real, "response_mask is 1 where attention_mask is 0"),
+        (row.loss, row.response_mask, "loss_mask is 1 where response_mask is 0"),
+    ):
+        bad = first_bad((inner.long() == 1) & (outer.long() == 0))
+        if bad is not None:
+            fail(P + bad, message)
+    if not torch.equal(row.response_mask.long(), real) and not torch.equal(row.response_mask.long(), row.loss.long()):
+        bad = first_bad(row.response_mask.long() != real)
+        fail(P + bad, "response_mask differs from attention_mask's response part (and is not the loss mask either)")
+    used = int(real.sum())
+    tokens = row.responses[:used].tolist()
+    loss = row.loss[:used].long().tolist()
+    for i, token in enumerate(tokens):
+        # In the native tool-call format each assistant turn ends with an EOS and a tool turn
+        # (masked, with end-of-turn tokens of its own) follows it; anything else after an EOS is
+        # a response running past its end.
+        if token in eos_ids and i < used - 1 and not (native and (loss[i] == 0 or loss[i + 1] == 0)):
+            fail(P + i + 1, f"the response runs past its EOS at position {P + i}")
+            break
+    if row.reason in EOS_REASONS and (not tokens or tokens[-1] not in eos_ids):
+        fail(P + max(used - 1, 0), f"termination_reason {row.reason!r} but the last response token is not an EOS")
+    return fails

@@ -1,0 +1,158 @@
+"""The forward check ("forward", optional): rollout logprobs against a transformers forward pass.
+
+Contract: `check_forward(saved, oracle, rows, processed, tolerance)` runs the model's causal LM
+(fp32) on each sample's attended tokens (with the processor outputs from `images.check_images`)
+and compares `rollout_log_probs` with the forward logprobs of the sampled (loss-masked) tokens,
+in the distribution vLLM reported (`meta_info["rollout_log_probs_mode"]`): "raw_logprobs", the
+model's softmax, or "processed_logprobs", the one sampled from (logits plus the logit bias,
+recorded in `meta_info["logit_bias"]` or else the documented `BANNED_BIAS` on every vision
+special token, over the config's temperature, within its top-k / top-p). It fails when the max
+gap exceeds `tolerance`. Under an action grammar the rollout's logprobs are those of the
+constrained distribution: the gap is reported, not failed, and the one property that holds (a
+constrained logprob is never below the unconstrained one) is checked instead. It returns
+(failures, stats for `Report.forward` or None, notes).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+import torch
+
+from ..saved_batch import SavedBatch
+from .oracle import ModelOracle
+from .report import Failure
+from .rows import Row, first_bad
+
+# When a batch does not record its logit bias: the documented ban (README, EasyR1 issue #110) of
+# every vision special token, found by name among the tokenizer's added tokens.
+_BANNED_NAME = re.compile(r"^<\|(vision|image|video|object_ref|box|quad)_[a-z]+\|>$")
+BANNED_BIAS = -100.0
+
+
+def check_forward(saved: SavedBatch, oracle: ModelOracle, rows: list[Row], processed: dict,
+                  tolerance: float) -> tuple[list[Failure], Optional[dict], list[str]]:
+    t = saved.tensors
+    key = "rollout_log_probs" if "rollout_log_probs" in t else None
+    if key is None:
+        missing = "the batch has no rollout_log_probs (roll out with calculate_log_probs=True)"
+        return [Failure("forward", None, None, missing)], None, []
+    grammar = bool(saved.action_grammar)
+    distribution = _SampledDistribution.of(saved, oracle)
+    if distribution.problem:
+        return [Failure("forward", None, None, distribution.problem)], None, distribution.notes
+    model = oracle.language_model()
+    gaps, below, worst = [], [], (0.0, None, None)
+    for row in rows:
+        valid = row.attention.bool()
+        ids = row.ids[valid][None]
+        types = torch.zeros_like(ids, dtype=torch.int32)
+        types[ids == oracle.image_pad] = 1
+        kwargs: dict[str, Any] = {"mm_token_type_ids": types}
+        outputs = processed.get(row.index)
+        if outputs is not None:
+            kwargs.update(pixel_values=outputs["pixel_values"], image_grid_thw=outputs["image_grid_thw"])
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs).logits[0].float()
+        logprobs = distribution.logprobs(logits)
+        start = int(row.attention[: row.prompt_len].sum())  # compact index of response position 0
+        sampled = row.loss[: int(row.real.sum())].nonzero().flatten()
+        if not len(sampled):
+            continue
+        targets = row.responses[sampled]
+        forward = logprobs[start + sampled - 1, targets]
+        rollout = t[key][row.index, sampled].float()
+        gap = (rollout - forward).abs()
+        gaps.append(gap)
+        k = int(gap.argmax())
+        if float(gap[k]) > worst[0]:
+            worst = (float(gap[k]), row.index, row.prompt_len + int(sampled[k]))
+        if grammar:
+            low = first_bad(rollout < forward - tolerance)
+            if low is not None:
+                below.append(Failure("forward", row.index, row.prompt_len + int(sampled[low]),
+                                     f"constrained rollout logprob {float(rollout[low]):.4f} is below the "
+                                     f"unconstrained forward logprob {float(forward[low]):.4f}: not the same model "
+                                     "or sequence"))
+    every = torch.cat(gaps) if gaps else torch.zeros(0)
+    stats = {
+        "tokens": int(every.numel()),
+        "max_gap": float(every.max()) if every.numel() else 0.0,
+        "mean_gap": float(every.mean()) if every.numel() else 0.0,
+        "max_gap_sample": worst[1],
+        "max_gap_position": worst[2],
+        "tolerance": tolerance,
+        "grammar": grammar,
+        "compared": key,
+        "mode": distribution.mode,
+    }
+    notes, fails = list(distribution.notes), list(below)
+    if grammar:
+        notes.append("an action grammar (action_regex) was active: rollout logprobs are those of the "
+                     "grammar-constrained distribution and differ from the unconstrained forward pass by design "
+                     "(up to several nats); the gap is reported, not failed")
+    elif stats["max_gap"] > tolerance:
+        unknown = (" (the batch does not record whether an action grammar was active; under one, gaps of several "
+                   "nats are expected)") if saved.action_grammar is None else ""
+        fails.append(Failure("forward", worst[1], worst[2], f"rollout logprob differs from the forward pass by "
+                             f"{stats['max_gap']:.4g} > {tolerance:g} (mean {stats['mean_gap']:.3g}){unknown}"))
+    return fails, stats, notes
+
+
+class _SampledDistribution:
+    """The distribution vLLM reported logprobs of, per its `logprobs_mode`: "raw_logprobs" is the
+    model's own softmax; "processed_logprobs" the one sampled from: logits plus the logit bias,
+    divided by the temperature (not at temperature 0), restricted to top-k / top-p."""
+
+    def __init__(self, mode: str, bias: dict[int, float], temperature: float, top_k: int, top_p: float,
+                 notes: list[str], problem: Optional[str] = None):
+        self.mode, self.bias, self.temperature, self.top_k, self.top_p = mode, bias, temperature, top_k, top_p
+        self.notes, self.problem = notes, problem
+
+    @classmethod
+    def of(cls, saved: SavedBatch, oracle: ModelOracle) -> "_SampledDistribution":
+        notes: list[str] = []
+        mode = saved.meta.get("rollout_log_probs_mode")
+        if mode in (None, "unknown"):
+            notes.append("the batch does not record vLLM's logprobs_mode: compared as raw_logprobs")
+            mode = "raw_logprobs"
+        config = saved.config
+        temperature = float(config.get("temperature", 1.0) if config.get("temperature") is not None else 1.0)
+        top_k = int(config.get("top_k") if config.get("top_k") is not None else -1)
+        top_p = float(config.get("top_p") if config.get("top_p") is not None else 1.0)
+        recorded = saved.meta.get("logit_bias")
+        if recorded is not None:
+            bias = {int(token): float(value) for token, value in dict(recorded).items()}
+        else:
+            bias = {token: BANNED_BIAS for name, token in oracle.tokenizer.get_added_vocab().items()
+                    if _BANNED_NAME.match(name)}
+            if mode == "processed_logprobs":
+                notes.append(f"the batch does not record its logit bias: assumed {BANNED_BIAS:g} on the "
+                             f"{len(bias)} vision special tokens")
+        problem = None
+        if mode not in ("raw_logprobs", "processed_logprobs"):
+            problem = f"rollout_log_probs were recorded in vLLM's {mode!r} mode (not logprobs): nothing to compare"
+        return cls(mode, bias, temperature, top_k, top_p, notes, problem)
+
+    def logprobs(self, logits: torch.Tensor) -> torch.Tensor:
+        """(L, V) fp32 logits -> (L, V) logprobs of this distribution."""
+        if self.mode == "raw_logprobs":
+            return torch.log_softmax(logits, dim=-1)
+        logits = logits.clone()
+        if self.bias:
+            tokens = torch.tensor(list(self.bias), dtype=torch.long)
+            keep = tokens < logits.shape[-1]
+            logits[:, tokens[keep]] += torch.tensor(list(self.bias.values()), dtype=logits.dtype)[keep]
+        if self.temperature < 1e-5:  # greedy: vLLM reports the logprobs before any temperature
+            return torch.log_softmax(logits, dim=-1)
+        logits = logits / self.temperature
+        if 0 < self.top_k < logits.shape[-1]:
+            kth = torch.topk(logits, self.top_k, dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if self.top_p < 1.0:
+            ordered, order = torch.sort(logits, dim=-1, descending=True)
+            before = torch.softmax(ordered, dim=-1).cumsum(dim=-1) - torch.softmax(ordered, dim=-1)
+            drop = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order, before >= self.top_p)
+            logits = logits.masked_fill(drop, float("-inf"))
+        return torch.log_softmax(logits, dim=-1)
