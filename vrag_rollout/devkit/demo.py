@@ -4,7 +4,7 @@ Builds (once, cached) the tiny model of the chosen family (Qwen2-VL by default; 
 checkpoint of a supported family) and the sample corpus index, serves the index on loopback, runs
 a batch of episodes, saves the output batch in the saved-batch format (`saved_batch.py`,
 docs/saved-batch.md: tensors, page and prompt images as encoded bytes, columns, metrics, config,
-model family, pixel band), then verifies the file with the independent checker (`check.py`) and
+model family, pixel band), then verifies the file with the independent checker (`verify/check`) and
 writes its HTML view (`view.py`) beside it.
 """
 
