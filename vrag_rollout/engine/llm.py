@@ -1,4 +1,6 @@
-"""The only module that touches vLLM engine objects."""
+"""The vLLM engine: building it as a trainer does, and the two ways the schedules drive it
+(`VLLMEngine`: one `LLM.generate` per turn; `ContinuousEngine`: requests added and stepped one
+by one). `engine/` is the only layer that imports vllm (tests/test_layers.py checks it)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.tools.helpers import pickled_trainer_batch
+from tests.verify.helpers import pickled_trainer_batch
 from vrag_rollout.verify.saved_batch import FORMAT, FORMAT_VERSION, NotABatchError, SavedBatch, encode_image, load_rollout
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.tools.helpers import pickled_trainer_batch
+from tests.verify.helpers import pickled_trainer_batch
 from vrag_rollout.cli import main as cli_main
 from vrag_rollout.verify.saved_batch import load_rollout
 from vrag_rollout.verify.view import ViewInputError, write_html

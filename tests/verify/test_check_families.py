@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.rollout.agent_helpers import sample_prompts
-from tests.tools.helpers import caught, drawing, roll, runs, set_token
+from tests.verify.helpers import caught, drawing, roll, runs, set_token
 from vrag_rollout.verify.check import CheckInputError, check_batch
 from vrag_rollout.families import FAMILY_NAMES
 from vrag_rollout.data.prompts import PromptSample

@@ -9,7 +9,7 @@ import pickle
 import pytest
 import torch
 
-from tests.tools.helpers import caught, pickled_trainer_batch, runs
+from tests.verify.helpers import caught, pickled_trainer_batch, runs
 from vrag_rollout.verify.check import CheckInputError, check_batch, run_check
 from vrag_rollout.cli import main as cli_main
 from vrag_rollout.verify.saved_batch import load_rollout

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.rollout.agent_helpers import sample_prompts
-from tests.tools.helpers import Rollout, drawing, roll
+from tests.verify.helpers import Rollout, drawing, roll
 from vrag_rollout.data.prompts import PromptSample
 
 
