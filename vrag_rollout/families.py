@@ -23,6 +23,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 
+# The Qwen VL special tokens of images, videos and grounding that a policy must never sample (the
+# rollout bans them; the weight-sync check bans the same ones). The same in all three families.
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+GROUNDING_TOKENS = ("<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>", "<|box_end|>",
+                    "<|quad_start|>", "<|quad_end|>")
+BANNED_SPECIAL_TOKENS = VISION_TOKENS + GROUNDING_TOKENS
+
+
 class UnsupportedModelError(ValueError):
     """The model is not of a family this rollout serves (the message lists the supported ones)."""
 

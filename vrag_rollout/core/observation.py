@@ -11,21 +11,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+from ..families import BANNED_SPECIAL_TOKENS, VISION_TOKENS
 from .serial_tokenizer import serial
 
 RESULT_OPEN = "<result>"
 RESULT_CLOSE = "</result>"
-
-_VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
-_OTHER_VISION_SPECIALS = (
-    "<|object_ref_start|>",
-    "<|object_ref_end|>",
-    "<|box_start|>",
-    "<|box_end|>",
-    "<|quad_start|>",
-    "<|quad_end|>",
-)
-
 
 @dataclass(frozen=True)
 class VisionTokens:
@@ -38,10 +28,10 @@ class VisionTokens:
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> "VisionTokens":
         vocab = tokenizer.get_vocab()
-        missing = [t for t in _VISION_TOKENS[:2] + ("<|image_pad|>",) if t not in vocab]
+        missing = [t for t in VISION_TOKENS[:2] + ("<|image_pad|>",) if t not in vocab]
         if missing:
             raise ValueError(f"tokenizer lacks the Qwen VL vision tokens {missing}")
-        banned = tuple(vocab[t] for t in _VISION_TOKENS + _OTHER_VISION_SPECIALS if t in vocab)
+        banned = tuple(vocab[t] for t in BANNED_SPECIAL_TOKENS if t in vocab)
         return cls(vocab["<|vision_start|>"], vocab["<|vision_end|>"], vocab["<|image_pad|>"], banned)
 
 

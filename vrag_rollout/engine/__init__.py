@@ -7,4 +7,5 @@ nothing of `core/`, `retrieval/` or `rollout/`.
 - `sampling`: per-request sampling parameters and seeds.
 - `group_sync`: tensor-parallel ranks kept in lockstep over vLLM's TP group.
 - `input_norms`: repairs to an engine whose weights a trainer syncs in (vision input norms).
+- `weights`: syncing a trainer's Hugging Face weights into the running engine, and the logprob check that it serves them.
 """
