@@ -2,7 +2,8 @@
 
 vrag_rollout: `core/` is pure (no engine, no retriever, no vllm, no HTTP library); only
 `engine/` imports vllm; `verify/` imports only `verify/`; `retrieval/` imports nothing of the
-episode logic, the engine or the rollout; nothing below `rollout/` imports it; no import cycle.
+episode logic, the engine or the rollout; `training/` (the policy update) only `core/`; nothing
+below `rollout/` imports it; no import cycle.
 retriever_server: the wire contract imports nothing; backends and encoders know nothing of HTTP.
 Each rule is also shown to fail on a planted violation, so the checker itself can fail.
 """
@@ -107,6 +108,7 @@ ROLLOUT_RULES = [
     ("engine", ["engine", *LEAVES], ()),
     ("retrieval", ["retrieval"], ("vllm",)),
     ("verify", ["verify"], ("vllm", "retriever_server")),
+    ("training", ["training", "core", *LEAVES], ("vllm", "retriever_server", *HTTP)),
 ]
 SERVER_RULES = [
     ("contract", [], ()),
@@ -129,7 +131,7 @@ def test_only_the_engine_layer_imports_vllm(rollout_graph):
 
 
 def test_nothing_below_the_rollout_layer_imports_it(rollout_graph):
-    below = ("core", "engine", "retrieval", "verify")
+    below = ("core", "engine", "retrieval", "verify", "training")
     assert [f"{m} imports {t}" for m in rollout_graph for t in modules_imported(rollout_graph, m)
             if any(in_layer(m, f"vrag_rollout.{b}") for b in below) and in_layer(t, "vrag_rollout.rollout")] == []
 

@@ -1,0 +1,9 @@
+"""The trainer side of the loop: a policy update of the Hugging Face model from rollout batches.
+
+- `grpo`: GRPO advantages and the clipped policy loss, taken from verl's `core_algos` (not
+  re-typed), over the batch's loss mask; the HF model's response log-probs; one update step.
+
+Layer rule: `training/` may import `training/`, `core/` and the leaf modules (`config`,
+`protocol`, `families`), plus torch, transformers and verl; never vLLM, `engine/`, `retrieval/`
+or `rollout/` (it consumes a finished batch and knows nothing of how it was rolled out).
+"""

@@ -1,0 +1,159 @@
+"""One GRPO update of the Hugging Face policy from a rollout batch, with verl's own update math.
+
+Contract:
+
+- The batch is the rollout's output DataProto: `input_ids` = prompt (left-padded) + `responses`
+  (right-padded), `attention_mask`, `response_mask` (every response token, sampled or observed),
+  `loss_mask` (1 only on the tokens the policy sampled), non-tensor `multi_modal_data` (the
+  sample's images in order: the prompt's, then the retrieved pages'), `meta_info["logit_bias"]`
+  (the tokens the engine banned), and the n samples of a prompt on adjacent rows.
+- `token_level_rewards` puts each sample's scalar reward on its last response token (verl's layout).
+- `grpo_advantages` is `verl.trainer.ppo.core_algos.compute_grpo_outcome_advantage`, called as
+  verl's `ray_trainer.compute_advantage` calls it, with group index = row // n.
+- `policy_loss` is the loss of `core_algos.get_policy_loss_fn(config.policy_loss.loss_mode)`
+  (vanilla: PPO clip, dual clip) aggregated with `config.loss_agg_mode` ("token-mean"), called as
+  verl's `workers/utils/losses.ppo_loss` calls it; `config` is verl's own `ActorConfig`.
+  verl's `response_mask` means "tokens the model generated" (its agent loop sets 0 on tool
+  responses): that is our `loss_mask`, and it is what we pass, for advantages and loss alike.
+- `response_log_probs` is the HF model's log-prob of every response token, (B, R), 0 on padding:
+  one forward pass per sample over its unpadded tokens with its images through the processor's
+  image processor (the model computes its own M-RoPE positions), with the engine's logit bias and
+  temperature applied, i.e. the distribution the rollout sampled from.
+- `grpo_step` does one update (old log-probs = the current model's, detached: one on-policy step)
+  and clips the gradient norm at `config.optim.clip_grad` as verl's FSDP engine does.
+
+Invariant: an observation token (loss_mask 0) never reaches the gradient: the loss's gradient with
+respect to its log-prob (hence its logits) is exactly zero.
+
+Pure: no I/O; the model, optimizer and batch are the caller's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+IMAGE_PAD = "<|image_pad|>"
+
+
+def actor_config(n: int, **overrides: Any) -> Any:
+    """verl's `ActorConfig` with its defaults (clip_ratio 0.2, "token-mean", vanilla loss,
+    optim.clip_grad 1.0); `overrides` are its fields."""
+    from verl.workers.config import ActorConfig
+
+    fields = dict(strategy="fsdp", rollout_n=n, ppo_mini_batch_size=n, ppo_micro_batch_size_per_gpu=1)
+    return ActorConfig(**{**fields, **overrides})
+
+
+def token_level_rewards(batch: Any, rewards: Any) -> torch.Tensor:
+    """(B, R): each sample's reward on its last response token, zero elsewhere."""
+    response_mask = batch.batch["response_mask"]
+    out = torch.zeros(response_mask.shape, dtype=torch.float32)
+    last = response_mask.sum(-1).long() - 1
+    rows = torch.arange(len(out))
+    out[rows, last] = torch.as_tensor(rewards, dtype=torch.float32)
+    return out
+
+
+def group_index(batch_size: int, n: int) -> np.ndarray:
+    """verl's `uid`: the prompt a sample answers (the n samples of a prompt are adjacent)."""
+    if batch_size % n:
+        raise ValueError(f"batch of {batch_size} is not a whole number of groups of n={n}")
+    return np.arange(batch_size) // n
+
+
+def grpo_advantages(batch: Any, rewards: Any, n: int, mask_key: str = "loss_mask") -> torch.Tensor:
+    """(B, R) GRPO advantages by verl (ray_trainer.compute_advantage, AdvantageEstimator.GRPO)."""
+    from verl.trainer.ppo import core_algos
+
+    mask = batch.batch[mask_key]
+    advantages, _returns = core_algos.compute_grpo_outcome_advantage(
+        token_level_rewards=token_level_rewards(batch, rewards),
+        response_mask=mask,
+        index=group_index(len(mask), n),
+        norm_adv_by_std_in_grpo=True,
+    )
+    return advantages
+
+
+def policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
+                mask: torch.Tensor, config: Any) -> tuple[torch.Tensor, dict]:
+    """verl's policy loss over `mask` (workers/utils/losses.ppo_loss's call)."""
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    policy_loss_fn = get_policy_loss_fn(config.policy_loss.get("loss_mode", "vanilla"))
+    return policy_loss_fn(
+        old_log_prob=old_log_prob,
+        log_prob=log_prob,
+        advantages=advantages,
+        response_mask=mask.to(bool),
+        loss_agg_mode=config.loss_agg_mode,
+        config=config,
+        rollout_is_weights=None,
+    )
+
+
+def sample_images(batch: Any, row: int) -> list:
+    entry = batch.non_tensor_batch.get("multi_modal_data")
+    entry = None if entry is None else entry[row]
+    return list(next(iter(entry.values()))) if entry else []
+
+
+def response_log_probs(hf_model: Any, processor: Any, batch: Any, temperature: float) -> torch.Tensor:
+    """(B, R) log-probs of the response tokens under `hf_model` (differentiable), 0 on padding."""
+    tokens = batch.batch
+    image_pad = processor.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+    prompt_width = tokens["input_ids"].shape[1] - tokens["responses"].shape[1]
+    device = next(hf_model.parameters()).device
+    rows = []
+    for row in range(len(tokens["input_ids"])):
+        ids = tokens["input_ids"][row][tokens["attention_mask"][row].bool()].to(device)
+        inputs = {"input_ids": ids[None], "attention_mask": torch.ones_like(ids)[None],
+                  "mm_token_type_ids": (ids == image_pad).int()[None]}
+        images = sample_images(batch, row)
+        if images:
+            inputs.update(processor.image_processor(images=images, return_tensors="pt").to(device))
+        logits = hf_model(**inputs).logits[0].float()
+        bias = torch.zeros(logits.shape[-1], device=device)
+        for token, value in batch.meta_info.get("logit_bias", {}).items():
+            if token < len(bias):
+                bias[token] = value
+        prompt_len = int(tokens["attention_mask"][row][:prompt_width].sum())
+        # logits at position p predict token p + 1: the response's predictors start at prompt_len - 1
+        predictors = torch.log_softmax((logits[prompt_len - 1:-1] + bias) / temperature, dim=-1)
+        own = predictors.gather(-1, ids[prompt_len:, None])[:, 0]
+        rows.append(torch.nn.functional.pad(own, (0, tokens["responses"].shape[1] - len(own))))
+    return torch.stack(rows)
+
+
+def grpo_loss(hf_model: Any, processor: Any, batch: Any, rewards: Any, n: int, temperature: float,
+              config: Any, mask_key: str = "loss_mask",
+              old_log_prob: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """(loss, log_prob, advantages, verl's metrics) over `batch.batch[mask_key]`."""
+    log_prob = response_log_probs(hf_model, processor, batch, temperature)
+    old = log_prob.detach() if old_log_prob is None else old_log_prob
+    advantages = grpo_advantages(batch, rewards, n, mask_key).to(log_prob.device)
+    loss, metrics = policy_loss(log_prob, old, advantages, batch.batch[mask_key].to(log_prob.device), config)
+    return loss, log_prob, advantages, metrics
+
+
+def grpo_step(hf_model: Any, optimizer: Any, processor: Any, batch: Any, rewards: Any, n: int,
+              temperature: float, config: Any = None) -> dict:
+    """One GRPO update; returns {"loss", "advantage_std", "grad_norm", *verl's pg metrics}."""
+    config = actor_config(n) if config is None else config
+    optimizer.zero_grad()
+    loss, _log_prob, advantages, metrics = grpo_loss(hf_model, processor, batch, rewards, n, temperature, config)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(hf_model.parameters(), max_norm=config.optim.clip_grad)
+    if torch.isfinite(grad_norm):  # verl skips a non-finite step
+        optimizer.step()
+    optimizer.zero_grad()
+    sampled = batch.batch["loss_mask"].bool()
+    return {"loss": float(loss.detach()), "advantage_std": float(advantages[sampled].std()),
+            "grad_norm": float(grad_norm), **metrics}
+
+
+__all__ = ["actor_config", "grpo_advantages", "grpo_loss", "grpo_step", "policy_loss", "response_log_probs",
+           "token_level_rewards"]
