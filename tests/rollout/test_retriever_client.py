@@ -98,6 +98,7 @@ class FakeRetriever:
                     fake.peers.append(self.client_address[1])
                     action = fake.script.pop(0) if fake.script else None
                     fake.in_flight += 1
+                    self.counted = True
                     fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
                     fake.arrivals.append((action[0] if action else "answer", fake.in_flight))
                 try:
@@ -120,10 +121,18 @@ class FakeRetriever:
                         self._reply(503, b'{"detail": "overloaded"}',
                                     {"Retry-After": "0", "Retry-After-Ms": str(action[1])})
                 finally:
-                    with fake.lock:
+                    self._leave()
+
+            def _leave(self):
+                # Out of flight before the answer is written: once the client reads it, it may
+                # send its next request, which must not find this one still counted.
+                with fake.lock:
+                    if getattr(self, "counted", False):
                         fake.in_flight -= 1
+                        self.counted = False
 
             def _reply(self, code: int, data: bytes, headers: dict | None = None):
+                self._leave()
                 try:
                     self.send_response(code)
                     for name, value in (headers or {}).items():
