@@ -1,4 +1,4 @@
-"""`vrag-rollout`: the demo rollout and small utilities."""
+"""`vrag-rollout`: the demo rollout, the closed GRPO loop (`learn`) and small utilities."""
 
 from __future__ import annotations
 
@@ -31,6 +31,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help="tags: <search>/<fetch> in one turn; tool_call: the chat template's own tool calls")
     demo.add_argument("--model", default=None,
                       help="run on this local checkpoint of a supported family instead of a tiny model")
+
+    learn = commands.add_parser(
+        "learn", help="closed GRPO loop on CPU: roll out, score, update the HF model, sync it into the engine, check"
+    )
+    learn.add_argument("--out", type=Path, default=Path("artifacts/learn"), help="directory for metrics.jsonl")
+    learn.add_argument("--steps", type=int, default=3)
+    learn.add_argument("--batch-size", type=int, default=2, help="number of questions (prompts)")
+    learn.add_argument("--n", type=int, default=4, help="samples per question (the GRPO group)")
+    learn.add_argument("--max-turns", type=int, default=3)
+    learn.add_argument("--response-length", type=int, default=384)
+    learn.add_argument("--temperature", type=float, default=1.0)
+    learn.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate")
+    learn.add_argument("--seed", type=int, default=0)
+    learn.add_argument("--retriever-url", default=None, help="use a running retriever instead of the embedded one")
+    learn.add_argument("--fixtures", default=None, help="replay recorded retriever traffic from this file")
+    learn.add_argument("--family", choices=FAMILY_NAMES, default=None, help="tiny model family (default qwen2-vl)")
+    learn.add_argument("--model", default=None, help="a local checkpoint of a supported family instead")
 
     record = commands.add_parser(
         "record-fixtures", help="record every retriever call the demo can make from a live server, for replay"
@@ -91,6 +108,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             rollout_mode=args.rollout_mode,
             action_format=args.action_format,
         )
+        return 0
+    if args.command == "learn":
+        from .devkit.learn_job import run_learn
+
+        run_learn(args.out, steps=args.steps, batch_size=args.batch_size, n=args.n, max_turns=args.max_turns,
+                  response_length=args.response_length, temperature=args.temperature, lr=args.lr, seed=args.seed,
+                  family=args.family, model=args.model, retriever_url=args.retriever_url, fixtures=args.fixtures)
         return 0
     if args.command == "record-fixtures":
         from .devkit.demo import record_demo_fixtures

@@ -2,6 +2,8 @@
 
 - `grpo`: GRPO advantages and the clipped policy loss, taken from verl's `core_algos` (not
   re-typed), over the batch's loss mask; the HF model's response log-probs; one update step.
+- `learn`: the closed loop's steps (rollout, reward, GRPO step, sync, gap check, metrics.jsonl)
+  with its rollout and weight sync passed in as callables.
 
 Layer rule: `training/` may import `training/`, `core/` and the leaf modules (`config`,
 `protocol`, `families`), plus torch, transformers and verl; never vLLM, `engine/`, `retrieval/`

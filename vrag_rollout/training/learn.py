@@ -1,0 +1,151 @@
+"""The closed GRPO loop: roll out, score, update the HF model, sync it into the engine, check.
+
+Contract:
+
+- `learn(prompts, rollout=, sync=, reward=, hf_model=, optimizer=, processor=, n=, temperature=,
+  steps=, out_dir=)` runs `steps` steps; each step
+  1. `batch = rollout(prompts)`: n samples per prompt on adjacent rows, with the rollout's
+     `loss_mask` and the engine's `logit_bias` (what `vLLMRolloutAgent.generate_sequences` returns);
+  2. `rewards = reward(batch)`: one float per row (`episode_rewards` scores with `core/reward.py`);
+  3. `grpo_step` (`training/grpo.py`: verl's advantages and loss) updates `hf_model` in place;
+  4. `gap = sync(hf_model)`: the caller pushes the new weights into the engine the rollout uses and
+     returns the largest post-sync logprob gap (engine vs transformers); a gap above
+     `gap_tolerance` (1e-3), or a `sync` that raises, fails the run (`LearnError`), after the step's
+     line is written when a gap came back;
+  5. appends one JSON line to `out_dir/metrics.jsonl` with `STEP_FIELDS`: `step` (1-based),
+     `reward_mean`, `advantage_std`, `loss`, `grad_norm`, `logprob_gap_max`, `turns_mean`,
+     `seconds_rollout`, `seconds_update`, `seconds_sync`. The file is rewritten from the start of
+     a run and flushed after every line.
+- The loop knows nothing of vLLM, the retriever or the agent (the layer rule: `training/` imports
+  only `training/`, `core/` and the leaf modules); `devkit/learn_job.py` wires the real pieces
+  (`vrag-rollout learn`).
+- `episode_rewards(batch, tokenizer, truths)` is the project's reward (`core.reward.compute_scores`,
+  `overall`) of each row: the whole decoded episode (sampled text and observations, as EasyR1's
+  patched reward manager decodes it) against its prompt's ground truth (`truths[row // n]`: an
+  answer string or a dict with `answer`, `doc_id`, `gold_pages`), with the row's `page_ids`
+  column added so retrieval is scored.
+
+Not yet: this step closes the loop and proves the weights move and are served after every sync;
+it does not show that reward rises. A learnable task and its reward curve come next (with random
+tiny weights and a grammar-constrained action space the reward is mostly noise).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from ..core.reward import compute_scores
+from .grpo import actor_config, grpo_step
+
+STEP_FIELDS = ("step", "reward_mean", "advantage_std", "loss", "grad_norm", "logprob_gap_max", "turns_mean",
+               "seconds_rollout", "seconds_update", "seconds_sync")
+GAP_TOLERANCE = 1e-3  # the engine's SYNC_TOLERANCE (engine/weights.py), restated: training/ may not import engine/
+METRICS_FILE = "metrics.jsonl"
+
+
+class LearnError(RuntimeError):
+    """A step of the loop failed: the engine does not serve the updated weights, or a bad value."""
+
+
+# --- per-step bookkeeping (pure) -----------------------------------------------------------------
+
+def episode_texts(batch: Any, tokenizer: Any) -> list[str]:
+    """Each row's whole response (sampled and observed tokens, padding dropped), decoded."""
+    tokens = batch.batch
+    width = tokens["responses"].shape[1]
+    used = tokens["attention_mask"][:, -width:].bool()
+    return [tokenizer.decode(tokens["responses"][row][used[row]].tolist(), skip_special_tokens=True)
+            for row in range(len(used))]
+
+
+def row_ground_truth(truth: Any, page_ids: Any) -> Any:
+    """The prompt's ground truth with the row's `page_ids` (a plain answer string stays as is)."""
+    if isinstance(truth, str):
+        return truth
+    shown = [[str(page) for page in turn] for turn in (page_ids if page_ids is not None else ())]
+    return {**dict(truth), "page_ids": shown}
+
+
+def episode_rewards(batch: Any, tokenizer: Any, truths: Sequence[Any], **weights: float) -> list[float]:
+    """`overall` of `core.reward` per row; `truths` has one entry per prompt (row // n)."""
+    rows = len(batch.batch["responses"])
+    if not truths or rows % len(truths):
+        raise LearnError(f"{rows} rows are not a whole number of samples of {len(truths)} prompts")
+    n = rows // len(truths)
+    pages = batch.non_tensor_batch.get("page_ids")
+    inputs = [{"response": text, "response_length": 0,
+               "ground_truth": row_ground_truth(truths[row // n], None if pages is None else pages[row])}
+              for row, text in enumerate(episode_texts(batch, tokenizer))]
+    return [float(score["overall"]) for score in compute_scores(inputs, **weights)]
+
+
+def turns_mean(batch: Any) -> float:
+    turns = batch.non_tensor_batch.get("num_turns")
+    return float(sum(int(t) for t in turns) / len(turns)) if turns is not None and len(turns) else 0.0
+
+
+def step_record(step: int, rewards: Sequence[float], update: dict, gap: float, turns: float,
+                seconds: Sequence[float]) -> dict:
+    """One metrics line, fields in `STEP_FIELDS` order (`check_record` validates it)."""
+    return {"step": int(step), "reward_mean": float(sum(rewards) / len(rewards)),
+              "advantage_std": float(update["advantage_std"]), "loss": float(update["loss"]),
+              "grad_norm": float(update["grad_norm"]), "logprob_gap_max": float(gap), "turns_mean": float(turns),
+              "seconds_rollout": float(seconds[0]), "seconds_update": float(seconds[1]),
+              "seconds_sync": float(seconds[2])}
+
+
+def check_record(record: dict, gap_tolerance: float = GAP_TOLERANCE) -> None:
+    """Raise `LearnError` on a line with the wrong fields, a non-finite value or a gap over tolerance."""
+    if tuple(record) != STEP_FIELDS:
+        raise LearnError(f"metrics line has fields {tuple(record)}, expected {STEP_FIELDS}")
+    bad = [key for key, value in record.items() if not math.isfinite(value)]
+    if bad:
+        raise LearnError(f"step {record['step']}: non-finite {bad}: {record}")
+    if not record["logprob_gap_max"] <= gap_tolerance:
+        raise LearnError(f"step {record['step']}: the engine does not serve the updated weights: post-sync "
+                         f"logprob gap {record['logprob_gap_max']:.3e} > {gap_tolerance:.0e}")
+
+
+# --- the loop ------------------------------------------------------------------------------------
+
+def learn(prompts: Any, *, rollout: Callable[[Any], Any], sync: Callable[[Any], float],
+          reward: Callable[[Any], Sequence[float]], hf_model: Any, optimizer: Any, processor: Any, n: int,
+          temperature: float, steps: int, out_dir: Path, config: Any = None,
+          gap_tolerance: float = GAP_TOLERANCE, log: Optional[Callable[[str], None]] = None) -> list[dict]:
+    """Run the loop (module docstring); returns the metrics lines written."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    config = actor_config(n) if config is None else config
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records: list[dict] = []
+    with open(out_dir / METRICS_FILE, "w", encoding="utf-8") as metrics_file:
+        for step in range(1, steps + 1):
+            started = time.perf_counter()
+            batch = rollout(prompts)
+            rewards = list(reward(batch))
+            if len(rewards) != len(batch.batch["responses"]):
+                raise LearnError(f"step {step}: {len(rewards)} rewards for {len(batch.batch['responses'])} rows")
+            rolled = time.perf_counter()
+            # eval mode, as the engine computes (no dropout): old log-probs = the current model's
+            update = grpo_step(hf_model, optimizer, processor, batch, rewards, n, temperature, config)
+            updated = time.perf_counter()
+            gap = float(sync(hf_model))
+            synced = time.perf_counter()
+            record = step_record(step, rewards, update, gap, turns_mean(batch),
+                                 (rolled - started, updated - rolled, synced - updated))
+            metrics_file.write(json.dumps(record) + "\n")
+            metrics_file.flush()
+            records.append(record)
+            if log is not None:
+                log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()))
+            check_record(record, gap_tolerance)
+    return records
+
+
+__all__ = ["GAP_TOLERANCE", "LearnError", "METRICS_FILE", "STEP_FIELDS", "check_record", "episode_rewards",
+           "episode_texts", "learn", "step_record", "turns_mean"]
