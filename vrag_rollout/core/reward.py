@@ -79,6 +79,11 @@ class GroundTruth:
     page_ids: tuple = ()  # per observation, the page ids shown (added by the reward-manager patch)
 
 
+def shown_pages(page_ids: Any) -> list[list[str]]:
+    """The rollout's `page_ids` column entry of one row as the ground truth's `page_ids` field."""
+    return [[str(page) for page in turn] for turn in (page_ids if page_ids is not None else ())]
+
+
 def parse_ground_truth(raw: Any) -> GroundTruth:
     """A plain answer string, or the JSON object described in the module docstring (or a dict)."""
     if isinstance(raw, str):

@@ -303,8 +303,8 @@ class vLLMRolloutAgent(vLLMRollout):
 
     def _episodes(self, prompts: Any, n: int) -> list[Episode]:
         episodes = super()._episodes(prompts, n)
-        self.format.check_prompts([self.tokenizer.decode(episode.prompt_engine_ids, skip_special_tokens=False)
-                                   for episode in episodes[::n]])
+        # Decoding is the format's business: only the one that checks prompts pays for it.
+        self.format.check_prompts([episode.prompt_engine_ids for episode in episodes[::n]], self.tokenizer)
         return episodes
 
     def _doc_ids(self, prompts: Any) -> list[Optional[str]]:

@@ -35,7 +35,7 @@ class TagFormat:
     def __init__(self, config: Any, tokenizer: Any):
         self.fetch_modes = config.fetch_modes
 
-    def check_prompts(self, prompt_texts: Sequence[str]) -> None:
+    def check_prompts(self, prompt_ids: Sequence[Sequence[int]], tokenizer: Any) -> None:
         """Nothing to check: the tags are taught by the prompt's own instructions."""
 
     def after_generation(self, episode: Episode, output: Any, *, last_turn: bool, observations: Any) -> Any:
@@ -65,11 +65,11 @@ class ToolCallFormat:
         other_eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
         self.banned_token_ids = (other_eos,) if isinstance(other_eos, int) and other_eos != self.turn_end else ()
 
-    def check_prompts(self, prompt_texts: Sequence[str]) -> None:
+    def check_prompts(self, prompt_ids: Sequence[Sequence[int]], tokenizer: Any) -> None:
         """Tool calls from a prompt that never showed the tools would train the policy on a
         conversation no deployment has: refuse it."""
-        for row, text in enumerate(prompt_texts):
-            missing = self.template.missing_tools(text)
+        for row, ids in enumerate(prompt_ids):
+            missing = self.template.missing_tools(tokenizer.decode(list(ids), skip_special_tokens=False))
             if missing:
                 raise ValueError(
                     f"action_format='tool_call', but prompt {row} does not "

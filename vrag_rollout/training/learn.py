@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ..core.reward import compute_scores
+from ..core.reward import compute_scores, shown_pages
 from .grpo import actor_config, grpo_step
 
 STEP_FIELDS = ("step", "reward_mean", "advantage_std", "loss", "grad_norm", "logprob_gap_max", "turns_mean",
@@ -66,8 +66,7 @@ def row_ground_truth(truth: Any, page_ids: Any) -> Any:
     """The prompt's ground truth with the row's `page_ids` (a plain answer string stays as is)."""
     if isinstance(truth, str):
         return truth
-    shown = [[str(page) for page in turn] for turn in (page_ids if page_ids is not None else ())]
-    return {**dict(truth), "page_ids": shown}
+    return {**dict(truth), "page_ids": shown_pages(page_ids)}
 
 
 def episode_rewards(batch: Any, tokenizer: Any, truths: Sequence[Any], **weights: float) -> list[float]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Optional
 
+from ...core.reward import shown_pages
 from .common import BASELINE_PAGES_COLUMN, METRICS_COLUMN, mark_patched, patch_once
 
 METRIC_PREFIX = "agent/"
@@ -44,7 +45,7 @@ def with_page_ids(ground_truth: Any, page_ids: Any) -> Any:
         return ground_truth
     if not isinstance(truth, dict) or "answer" not in truth:
         return ground_truth
-    truth["page_ids"] = [[str(page) for page in turn] for turn in (page_ids if page_ids is not None else ())]
+    truth["page_ids"] = shown_pages(page_ids)
     return json.dumps(truth, ensure_ascii=False)
 
 
