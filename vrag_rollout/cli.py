@@ -110,11 +110,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         )
         return 0
     if args.command == "learn":
-        from .devkit.learn_job import run_learn
+        from .devkit.learn_job import check_settings, run_learn
 
-        run_learn(args.out, steps=args.steps, batch_size=args.batch_size, n=args.n, max_turns=args.max_turns,
-                  response_length=args.response_length, temperature=args.temperature, lr=args.lr, seed=args.seed,
-                  family=args.family, model=args.model, retriever_url=args.retriever_url, fixtures=args.fixtures)
+        settings = dict(steps=args.steps, batch_size=args.batch_size, n=args.n, max_turns=args.max_turns,
+                        response_length=args.response_length, temperature=args.temperature, lr=args.lr)
+        try:
+            check_settings(**settings)
+        except ValueError as error:
+            parser.error(str(error))
+        run_learn(args.out, **settings, seed=args.seed, family=args.family, model=args.model,
+                  retriever_url=args.retriever_url, fixtures=args.fixtures)
         return 0
     if args.command == "record-fixtures":
         from .devkit.demo import record_demo_fixtures

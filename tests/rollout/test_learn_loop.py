@@ -109,3 +109,14 @@ def test_a_gap_over_tolerance_fails_the_run():
     with pytest.raises(LearnError):
         check_record(record)
     assert GAP_TOLERANCE == SYNC_TOLERANCE
+
+
+@pytest.mark.parametrize("flag, value, message", [("--n", "1", "n must be >= 2"), ("--steps", "0", "steps must be >= 1"),
+                                                  ("--lr", "-1", "lr must be > 0")])
+def test_the_command_refuses_settings_it_cannot_learn_from(flag, value, message, capsys, tmp_path):
+    from vrag_rollout.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["learn", "--out", str(tmp_path), flag, value])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before anything ran or was written

@@ -35,12 +35,30 @@ def learn_questions(count: int) -> tuple[list[PromptSample], list[dict]]:
     return samples, truths
 
 
+def check_settings(*, steps: int, batch_size: int, n: int, max_turns: int, response_length: int,
+                   temperature: float, lr: float) -> None:
+    """Refuse settings the loop cannot learn from, before any model or engine is loaded."""
+    problems = [f"{name} must be >= {low}, got {value}" for name, value, low in
+                (("steps", steps, 1), ("batch_size", batch_size, 1), ("max_turns", max_turns, 1),
+                 ("response_length", response_length, 1)) if value < low]
+    if n < 2:
+        problems.append(f"n must be >= 2 (GRPO compares the samples of a question with each other), got {n}")
+    if not temperature > 0:
+        problems.append(f"temperature must be > 0, got {temperature}")
+    if not lr > 0:
+        problems.append(f"lr must be > 0, got {lr}")
+    if problems:
+        raise ValueError("vrag-rollout learn: " + "; ".join(problems))
+
+
 def run_learn(out_dir: Path, *, steps: int = 3, batch_size: int = 2, n: int = 4, max_turns: int = 3,
               response_length: int = 384, temperature: float = 1.0, lr: float = 1e-4, seed: int = 0,
               family: Optional[str] = None, model: Optional[str] = None, model_dir: Optional[Path] = None,
               processor: Any = None, llm: Any = None, retriever: Any = None, retriever_url: Optional[str] = None,
               fixtures: Optional[str] = None, log: Any = print) -> dict:
     """Run the loop; returns {"records", "hf_model", "llm", "agent", "model_dir", "processor"}."""
+    check_settings(steps=steps, batch_size=batch_size, n=n, max_turns=max_turns,
+                   response_length=response_length, temperature=temperature, lr=lr)
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
