@@ -1,7 +1,7 @@
 # Every target sets up .venv first (idempotent; a few minutes on a fresh machine).
 PY := .venv/bin/python
 
-.PHONY: setup demo test bench
+.PHONY: setup demo learn test bench
 setup:
 	bash scripts/setup.sh
 
@@ -10,6 +10,9 @@ ACTION_FORMAT ?= tags
 
 demo: setup
 	.venv/bin/vrag-rollout demo --family $(FAMILY) --action-format $(ACTION_FORMAT)
+
+learn: setup
+	.venv/bin/vrag-rollout learn --family $(FAMILY) --action-format $(ACTION_FORMAT)
 
 test: setup
 	$(PY) -m pytest

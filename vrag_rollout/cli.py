@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from .devkit.learn_job import DEFAULTS as LEARN_DEFAULTS
 from .families import FAMILY_NAMES
 
 
@@ -33,21 +34,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help="run on this local checkpoint of a supported family instead of a tiny model")
 
     learn = commands.add_parser(
-        "learn", help="closed GRPO loop on CPU: roll out, score, update the HF model, sync it into the engine, check"
+        "learn", help="GRPO on CPU with a tiny model: roll out, score, update the HF model, sync it into the engine, "
+                      "check; writes metrics.jsonl, reward.png, final/ and eval.pt",
     )
-    learn.add_argument("--out", type=Path, default=Path("artifacts/learn"), help="directory for metrics.jsonl")
-    learn.add_argument("--steps", type=int, default=3)
-    learn.add_argument("--batch-size", type=int, default=2, help="number of questions (prompts)")
-    learn.add_argument("--n", type=int, default=4, help="samples per question (the GRPO group)")
-    learn.add_argument("--max-turns", type=int, default=3)
-    learn.add_argument("--response-length", type=int, default=384)
-    learn.add_argument("--temperature", type=float, default=1.0)
-    learn.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate")
+    learn.add_argument("--out", type=Path, default=Path("artifacts/learn"),
+                       help="output directory: metrics.jsonl, reward.png, final/ (the trained model), eval.pt")
+    learn.add_argument("--steps", type=int, default=LEARN_DEFAULTS["steps"])
+    learn.add_argument("--batch-size", type=int, default=LEARN_DEFAULTS["batch_size"],
+                       help="number of questions (prompts) per step")
+    learn.add_argument("--n", type=int, default=LEARN_DEFAULTS["n"], help="samples per question (the GRPO group)")
+    learn.add_argument("--max-turns", type=int, default=LEARN_DEFAULTS["max_turns"])
+    learn.add_argument("--response-length", type=int, default=LEARN_DEFAULTS["response_length"])
+    learn.add_argument("--temperature", type=float, default=LEARN_DEFAULTS["temperature"])
+    learn.add_argument("--lr", type=float, default=LEARN_DEFAULTS["lr"], help="AdamW learning rate")
     learn.add_argument("--seed", type=int, default=0)
     learn.add_argument("--retriever-url", default=None, help="use a running retriever instead of the embedded one")
     learn.add_argument("--fixtures", default=None, help="replay recorded retriever traffic from this file")
     learn.add_argument("--family", choices=FAMILY_NAMES, default=None, help="tiny model family (default qwen2-vl)")
     learn.add_argument("--model", default=None, help="a local checkpoint of a supported family instead")
+    learn.add_argument("--action-format", choices=("tags", "tool_call"), default="tags")
 
     record = commands.add_parser(
         "record-fixtures", help="record every retriever call the demo can make from a live server, for replay"
@@ -119,7 +124,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except ValueError as error:
             parser.error(str(error))
         run_learn(args.out, **settings, seed=args.seed, family=args.family, model=args.model,
-                  retriever_url=args.retriever_url, fixtures=args.fixtures)
+                  retriever_url=args.retriever_url, fixtures=args.fixtures, action_format=args.action_format)
         return 0
     if args.command == "record-fixtures":
         from .devkit.demo import record_demo_fixtures

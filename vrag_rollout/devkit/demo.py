@@ -74,11 +74,12 @@ def demo_prompts(tokenizer: Any, processor: Any, samples: list[PromptSample], co
     schemas and its own instructions."""
     if config.action_format != "tool_call":
         return build_prompt_batch(tokenizer, processor, samples, config.prompt_length, **kwargs)
-    from ..data.prompts import TOOL_CALL_INSTRUCTIONS
+    from ..data.prompts import AGENT_INSTRUCTIONS, TOOL_CALL_INSTRUCTIONS
     from ..core.tool_turns import TOOLS
 
-    for sample in samples:
-        sample.instructions = TOOL_CALL_INSTRUCTIONS
+    for sample in samples:  # the tags format's default instructions become the native format's
+        if sample.instructions == AGENT_INSTRUCTIONS:
+            sample.instructions = TOOL_CALL_INSTRUCTIONS
     template = Path(config.chat_template).read_text(encoding="utf-8") if config.chat_template else None
     return build_prompt_batch(tokenizer, processor, samples, config.prompt_length, tools=TOOLS,
                               chat_template=template, **kwargs)

@@ -2,10 +2,15 @@
 
 The tiny model of the demo (or a local checkpoint), its processor, the HF policy loaded from the
 same directory in fp32, `vLLMRolloutAgent` with `calculate_log_probs=True` on the demo's config
-(grammar-constrained actions, the demo questions, the embedded retriever on the sample corpus or
-recorded fixtures), the project's reward against each question's page (`SAMPLE_FACTS`), verl's
-GRPO step, and after every step `engine.weights.sync_weights` + `check_synced` on the engine the
-rollout uses (a gap over 1e-3 raises, failing the run). Writes `out_dir/metrics.jsonl`.
+on the find-the-page task (`learn_task.py`: its questions, ground truths and action grammar), the
+embedded retriever on the sample corpus (or a running one, or recorded fixtures), the project's
+reward, verl's GRPO step with the KL to the initial weights measured, and after every step
+`engine.weights.sync_weights` + `check_synced` on the engine the rollout uses (a gap over 1e-3
+raises, failing the run). A progress bar and one line per step report reward and gap.
+
+Outputs in `out_dir`: `metrics.jsonl` (one line per step), `reward.png` (the curve), `final/` (the
+trained model in Hugging Face format) and `eval.pt` (a batch the final weights rolled out, saved
+with its rollout logprobs, which the forward check verifies against `final/`).
 
 `run_learn` takes an already running engine (`llm=`) and a retriever client (`retriever=`) so a
 test can run the same wiring on its shared engine; by default it builds both.
@@ -14,25 +19,9 @@ test can run the same wiring on its shared engine; by default it builds both.
 from __future__ import annotations
 
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
-
-from ..data.prompts import PromptSample
-
-
-def learn_questions(count: int) -> tuple[list[PromptSample], list[dict]]:
-    """The first `count` demo questions and their ground truths (answer: the page number)."""
-    from retriever_server.sample_corpus import SAMPLE_FACTS
-
-    from .demo import demo_questions
-
-    by_question = {f"Which page covers {q}?": (doc, page) for q, (doc, page) in SAMPLE_FACTS.items()}
-    samples = demo_questions()[:count]
-    truths = []
-    for sample in samples:
-        doc, page = by_question[sample.question]
-        truths.append({"answer": str(page), "doc_id": doc, "gold_pages": [page]})
-    return samples, truths
 
 
 def check_settings(*, steps: int, batch_size: int, n: int, max_turns: int, response_length: int,
@@ -41,6 +30,10 @@ def check_settings(*, steps: int, batch_size: int, n: int, max_turns: int, respo
     problems = [f"{name} must be >= {low}, got {value}" for name, value, low in
                 (("steps", steps, 1), ("batch_size", batch_size, 1), ("max_turns", max_turns, 1),
                  ("response_length", response_length, 1)) if value < low]
+    from .learn_task import task_facts
+
+    if batch_size > len(task_facts()):
+        problems.append(f"batch_size must be <= {len(task_facts())} (the find-the-page task's questions), got {batch_size}")
     if n < 2:
         problems.append(f"n must be >= 2 (GRPO compares the samples of a question with each other), got {n}")
     if not temperature > 0:
@@ -51,56 +44,129 @@ def check_settings(*, steps: int, batch_size: int, n: int, max_turns: int, respo
         raise ValueError("vrag-rollout learn: " + "; ".join(problems))
 
 
-def run_learn(out_dir: Path, *, steps: int = 3, batch_size: int = 2, n: int = 4, max_turns: int = 3,
-              response_length: int = 384, temperature: float = 1.0, lr: float = 1e-4, seed: int = 0,
-              family: Optional[str] = None, model: Optional[str] = None, model_dir: Optional[Path] = None,
-              processor: Any = None, llm: Any = None, retriever: Any = None, retriever_url: Optional[str] = None,
-              fixtures: Optional[str] = None, log: Any = print) -> dict:
-    """Run the loop; returns {"records", "hf_model", "llm", "agent", "model_dir", "processor"}."""
+DEFAULTS = dict(steps=40, batch_size=3, n=8, max_turns=3, response_length=256, temperature=1.0, lr=1e-3)
+FINAL_DIR = "final"
+EVAL_FILE = "eval.pt"
+PLOT_FILE = "reward.png"
+
+
+def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int = DEFAULTS["batch_size"],
+              n: int = DEFAULTS["n"], max_turns: int = DEFAULTS["max_turns"],
+              response_length: int = DEFAULTS["response_length"], temperature: float = DEFAULTS["temperature"],
+              lr: float = DEFAULTS["lr"], seed: int = 0, family: Optional[str] = None, model: Optional[str] = None,
+              model_dir: Optional[Path] = None, processor: Any = None, llm: Any = None, retriever: Any = None,
+              retriever_url: Optional[str] = None, fixtures: Optional[str] = None, action_format: str = "tags",
+              evaluate: bool = True, progress: bool = True) -> dict:
+    """Run the loop and write its outputs (module docstring); returns {"records", "summary",
+    "hf_model", "llm", "agent", "model_dir", "processor", "final_dir", "eval_path", "report"}."""
     check_settings(steps=steps, batch_size=batch_size, n=n, max_turns=max_turns,
                    response_length=response_length, temperature=temperature, lr=lr)
+    import copy
+
     import torch
+    from tqdm import tqdm
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from ..engine.llm import configure_cpu_defaults
     from ..engine.weights import check_synced, sync_weights
     from ..rollout.agent import vLLMRolloutAgent
-    from ..training.learn import episode_rewards, learn
+    from ..training.grpo import response_log_probs
+    from ..training.learn import episode_scores, learn, reward_summary
     from .demo import cache_dir, demo_config, demo_model, demo_page_band, demo_prompts, prepare_index
+    from .learn_report import plot_rewards, summary_line
+    from .learn_task import TASK_INSTRUCTIONS, TOOL_CALL_TASK_INSTRUCTIONS, task_questions, task_regex
 
     configure_cpu_defaults()
     torch.manual_seed(seed)
+    out_dir = Path(out_dir)
     if model_dir is None:
         model_dir, _family = demo_model(family, model)
     processor = processor or AutoProcessor.from_pretrained(model_dir)
     tokenizer = processor.tokenizer
     hf_model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+    initial = copy.deepcopy(hf_model).requires_grad_(False)  # the KL reference: the weights the run started from
     with ExitStack() as stack:
         if retriever is None and retriever_url is None and fixtures is None:
             from retriever_server.testing import serve_in_thread
 
             retriever_url = stack.enter_context(serve_in_thread(prepare_index(cache_dir())))
         config = demo_config(n=n, max_turns=max_turns, response_length=response_length, temperature=temperature,
-                             seed=seed, calculate_log_probs=True,
+                             seed=seed, calculate_log_probs=True, action_format=action_format,
+                             action_regex=task_regex(action_format),
                              retriever_url=retriever_url or "http://127.0.0.1:8002", retriever_fixtures=fixtures,
                              **demo_page_band(processor))
         agent = vLLMRolloutAgent(str(model_dir), config, tokenizer, processor, inference_engine=llm,
                                  retriever=retriever)
         engine = agent.inference_engine
-        samples, truths = learn_questions(batch_size)
+        samples, truths = task_questions(
+            batch_size, TOOL_CALL_TASK_INSTRUCTIONS if action_format == "tool_call" else TASK_INSTRUCTIONS)
         prompts = demo_prompts(tokenizer, processor, samples, config)
 
         def sync(policy: Any) -> float:
             sync_weights(engine, policy)
             return check_synced(engine, policy, processor)
 
+        def reference(batch: Any) -> Any:
+            with torch.no_grad():
+                return response_log_probs(initial, processor, batch, temperature)
+
+        bar = stack.enter_context(tqdm(total=steps, desc="learn", unit="step", disable=not progress))
+
+        def on_step(record: dict) -> None:
+            bar.update(1)
+            bar.set_postfix(reward=f"{record['reward_mean']:.2f}", gap=f"{record['logprob_gap_max']:.1e}")
+            bar.write(f"step {record['step']:>3}/{steps} reward {record['reward_mean']:.3f} "
+                      f"(accuracy {record['reward_accuracy']:.2f}, retrieval {record['reward_retrieval']:.2f}) "
+                      f"kl {record['kl_to_initial']:.4f} post-sync logprob gap {record['logprob_gap_max']:.1e}")
+
         records = learn(
-            prompts, rollout=agent.generate_sequences, sync=sync,
-            reward=lambda batch: episode_rewards(batch, tokenizer, truths),
+            prompts, rollout=agent.generate_sequences, sync=sync, reference=reference,
+            reward=lambda batch: episode_scores(batch, tokenizer, truths),
             hf_model=hf_model, optimizer=torch.optim.AdamW(hf_model.parameters(), lr=lr, weight_decay=0.0),
-            processor=processor, n=n, temperature=temperature, steps=steps, out_dir=Path(out_dir), log=log,
+            processor=processor, n=n, temperature=temperature, steps=steps, out_dir=out_dir, on_step=on_step,
         )
-    if log is not None:
-        log(f"wrote {len(records)} steps to {Path(out_dir) / 'metrics.jsonl'}")
-    return {"records": records, "hf_model": hf_model, "llm": engine, "agent": agent, "model_dir": model_dir,
-            "processor": processor}
+        bar.close()
+        summary = reward_summary(records)
+        print(summary_line(summary))
+        plot_rewards(records, out_dir / PLOT_FILE, title=f"GRPO on the find-the-page task ({model_dir.name}, "
+                                                          f"{action_format}, n={n}, lr={lr:g})")
+        final_dir = save_final(hf_model, processor, model_dir, out_dir / FINAL_DIR)
+        eval_path = report = None
+        if evaluate:
+            free = vLLMRolloutAgent(str(model_dir), replace(config, action_regex=None), tokenizer, processor,
+                                    inference_engine=engine, retriever=agent.retriever)
+            eval_path, report = evaluate_final(free, prompts, processor, final_dir, out_dir / EVAL_FILE)
+    print(f"wrote {out_dir / 'metrics.jsonl'}, {out_dir / PLOT_FILE}, {final_dir}"
+          + (f", {eval_path}" if eval_path else ""))
+    return {"records": records, "summary": summary, "hf_model": hf_model, "llm": engine, "agent": agent,
+            "model_dir": Path(model_dir), "processor": processor, "final_dir": final_dir, "eval_path": eval_path,
+            "report": report}
+
+
+def save_final(hf_model: Any, processor: Any, model_dir: Path, final_dir: Path) -> Path:
+    """The trained model in Hugging Face format with the processor (tokenizer, chat template, image
+    processor) of the model it started from, so vLLM, transformers and the demo load it."""
+    final_dir.mkdir(parents=True, exist_ok=True)
+    hf_model.save_pretrained(final_dir)
+    processor.save_pretrained(final_dir)
+    return final_dir
+
+
+def evaluate_final(agent: Any, prompts: Any, processor: Any, final_dir: Path, path: Path) -> tuple:
+    """One batch rolled out by the engine on the final weights (synced and checked by the last step),
+    saved with its rollout logprobs, then checked against `final_dir` with the forward oracle.
+
+    `agent` samples without the action grammar: a grammar renormalises the distribution over the
+    tokens it allows, which a forward pass cannot reproduce, so `check --forward` only reports the
+    gap of a grammar-constrained batch; free sampling makes the forward check exact (1e-3), and so
+    able to tell the final weights from any others."""
+    from ..verify.check import run_check
+    from ..verify.saved_batch import save_rollout
+
+    output = agent.generate_sequences(prompts)
+    save_rollout(output, path, processor=processor, model_path=final_dir, config=agent.config)
+    report = run_check(path, final_dir, forward=True)
+    print(report.human())
+    if not report.ok:
+        raise RuntimeError(f"the final model's own batch fails the check against it: {path} vs {final_dir}")
+    return path, report

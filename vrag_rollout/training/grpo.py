@@ -139,12 +139,24 @@ def grpo_loss(hf_model: Any, processor: Any, batch: Any, rewards: Any, n: int, t
     return loss, log_prob, advantages, metrics
 
 
+def kl_to_reference(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, mask: torch.Tensor) -> float:
+    """verl's "low_var_kl" estimate of KL(policy || reference), the mean over `mask`'s tokens."""
+    from verl.trainer.ppo.core_algos import kl_penalty
+
+    kl = kl_penalty(log_prob.detach().float(), ref_log_prob.to(log_prob.device).float(), "low_var_kl")
+    mask = mask.to(kl.device).bool()
+    return float(kl[mask].mean()) if mask.any() else 0.0
+
+
 def grpo_step(hf_model: Any, optimizer: Any, processor: Any, batch: Any, rewards: Any, n: int,
-              temperature: float, config: Any = None) -> dict:
-    """One GRPO update; returns {"loss", "advantage_std", "grad_norm", *verl's pg metrics}."""
+              temperature: float, config: Any = None, ref_log_prob: Optional[torch.Tensor] = None) -> dict:
+    """One GRPO update; returns {"loss", "advantage_std", "grad_norm", *verl's pg metrics} and, given
+    the reference model's `response_log_probs`, "kl_to_reference" of the policy that sampled."""
     config = actor_config(n) if config is None else config
     optimizer.zero_grad()
-    loss, _log_prob, advantages, metrics = grpo_loss(hf_model, processor, batch, rewards, n, temperature, config)
+    loss, log_prob, advantages, metrics = grpo_loss(hf_model, processor, batch, rewards, n, temperature, config)
+    if ref_log_prob is not None:
+        metrics = {**metrics, "kl_to_reference": kl_to_reference(log_prob, ref_log_prob, batch.batch["loss_mask"])}
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(hf_model.parameters(), max_norm=config.optim.clip_grad)
     if torch.isfinite(grad_norm):  # verl skips a non-finite step
@@ -155,5 +167,5 @@ def grpo_step(hf_model: Any, optimizer: Any, processor: Any, batch: Any, rewards
             "grad_norm": float(grad_norm), **metrics}
 
 
-__all__ = ["actor_config", "grpo_advantages", "grpo_loss", "grpo_step", "policy_loss", "response_log_probs",
-           "token_level_rewards"]
+__all__ = ["actor_config", "grpo_advantages", "grpo_loss", "grpo_step", "kl_to_reference", "policy_loss",
+           "response_log_probs", "token_level_rewards"]

@@ -2,32 +2,31 @@
 
 Contract:
 
-- `learn(prompts, rollout=, sync=, reward=, hf_model=, optimizer=, processor=, n=, temperature=,
-  steps=, out_dir=)` runs `steps` steps; each step
+- `learn(prompts, rollout=, sync=, reward=, reference=, hf_model=, optimizer=, processor=, n=,
+  temperature=, steps=, out_dir=)` runs `steps` steps; each step
   1. `batch = rollout(prompts)`: n samples per prompt on adjacent rows, with the rollout's
      `loss_mask` and the engine's `logit_bias` (what `vLLMRolloutAgent.generate_sequences` returns);
-  2. `rewards = reward(batch)`: one float per row (`episode_rewards` scores with `core/reward.py`);
-  3. `grpo_step` (`training/grpo.py`: verl's advantages and loss) updates `hf_model` in place;
+  2. `scores = reward(batch)`: one dict per row with `overall` (the scalar GRPO learns from) and
+     the reward's parts (`episode_scores` scores with `core/reward.py`);
+  3. `grpo_step` (`training/grpo.py`: verl's advantages and loss) updates `hf_model` in place, and
+     measures verl's low-variance KL of the sampling policy to `reference(batch)`, the initial
+     model's log-probs of the same tokens;
   4. `gap = sync(hf_model)`: the caller pushes the new weights into the engine the rollout uses and
      returns the largest post-sync logprob gap (engine vs transformers); a gap above
      `gap_tolerance` (1e-3), or a `sync` that raises, fails the run (`LearnError`), after the step's
      line is written when a gap came back;
-  5. appends one JSON line to `out_dir/metrics.jsonl` with `STEP_FIELDS`: `step` (1-based),
-     `reward_mean`, `advantage_std`, `loss`, `grad_norm`, `logprob_gap_max`, `turns_mean`,
-     `seconds_rollout`, `seconds_update`, `seconds_sync`. The file is rewritten from the start of
-     a run and flushed after every line.
+  5. appends one JSON line to `out_dir/metrics.jsonl` with `STEP_FIELDS` (`step` is 1-based; the
+     `reward_*` parts are means over the batch, `pages_shown_mean` the pages the retriever showed an
+     episode, `seconds_*` the step's time split) and calls `on_step(record)`. The file is rewritten
+     from the start of a run and flushed after every line.
 - The loop knows nothing of vLLM, the retriever or the agent (the layer rule: `training/` imports
   only `training/`, `core/` and the leaf modules); `devkit/learn_job.py` wires the real pieces
   (`vrag-rollout learn`).
-- `episode_rewards(batch, tokenizer, truths)` is the project's reward (`core.reward.compute_scores`,
-  `overall`) of each row: the whole decoded episode (sampled text and observations, as EasyR1's
-  patched reward manager decodes it) against its prompt's ground truth (`truths[row // n]`: an
-  answer string or a dict with `answer`, `doc_id`, `gold_pages`), with the row's `page_ids`
-  column added so retrieval is scored.
-
-Not yet: this step closes the loop and proves the weights move and are served after every sync;
-it does not show that reward rises. A learnable task and its reward curve come next (with random
-tiny weights and a grammar-constrained action space the reward is mostly noise).
+- `episode_scores(batch, tokenizer, truths)` is the project's reward (`core.reward.compute_scores`)
+  of each row: the whole decoded episode (sampled text and observations, as EasyR1's patched
+  reward manager decodes it) against its prompt's ground truth (`truths[row // n]`: an answer
+  string or a dict with `answer`, `doc_id`, `gold_pages`), with the row's `page_ids` column added
+  so retrieval is scored.
 """
 
 from __future__ import annotations
@@ -36,12 +35,13 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
-from ..core.reward import compute_scores, shown_pages
+from ..core.reward import PARTS, compute_scores, shown_pages
 from .grpo import actor_config, grpo_step
 
-STEP_FIELDS = ("step", "reward_mean", "advantage_std", "loss", "grad_norm", "logprob_gap_max", "turns_mean",
+STEP_FIELDS = ("step", "reward_mean", *(f"reward_{part}" for part in PARTS), "advantage_std", "loss", "grad_norm",
+               "logprob_gap_max", "kl_to_initial", "turns_mean", "pages_shown_mean",
                "seconds_rollout", "seconds_update", "seconds_sync")
 GAP_TOLERANCE = 1e-3  # the engine's SYNC_TOLERANCE (engine/weights.py), restated: training/ may not import engine/
 METRICS_FILE = "metrics.jsonl"
@@ -69,8 +69,9 @@ def row_ground_truth(truth: Any, page_ids: Any) -> Any:
     return {**dict(truth), "page_ids": shown_pages(page_ids)}
 
 
-def episode_rewards(batch: Any, tokenizer: Any, truths: Sequence[Any], **weights: float) -> list[float]:
-    """`overall` of `core.reward` per row; `truths` has one entry per prompt (row // n)."""
+def episode_scores(batch: Any, tokenizer: Any, truths: Sequence[Any], **weights: float) -> list[dict]:
+    """`core.reward`'s scores (`overall` and its parts) per row; `truths` has one entry per prompt
+    (row // n)."""
     rows = len(batch.batch["responses"])
     if not truths or rows % len(truths):
         raise LearnError(f"{rows} rows are not a whole number of samples of {len(truths)} prompts")
@@ -79,7 +80,7 @@ def episode_rewards(batch: Any, tokenizer: Any, truths: Sequence[Any], **weights
     inputs = [{"response": text, "response_length": 0,
                "ground_truth": row_ground_truth(truths[row // n], None if pages is None else pages[row])}
               for row, text in enumerate(episode_texts(batch, tokenizer))]
-    return [float(score["overall"]) for score in compute_scores(inputs, **weights)]
+    return [{key: float(value) for key, value in score.items()} for score in compute_scores(inputs, **weights)]
 
 
 def turns_mean(batch: Any) -> float:
@@ -87,14 +88,28 @@ def turns_mean(batch: Any) -> float:
     return float(sum(int(t) for t in turns) / len(turns)) if turns is not None and len(turns) else 0.0
 
 
-def step_record(step: int, rewards: Sequence[float], update: dict, gap: float, turns: float,
-                seconds: Sequence[float]) -> dict:
+def pages_shown_mean(batch: Any) -> float:
+    """Pages the retriever showed an episode (every page of every observation), batch mean."""
+    pages = batch.non_tensor_batch.get("page_ids")
+    if pages is None or not len(pages):
+        return 0.0
+    return float(sum(sum(len(turn) for turn in shown_pages(row)) for row in pages) / len(pages))
+
+
+def mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values))
+
+
+def step_record(step: int, scores: Sequence[Mapping[str, float]], update: Mapping[str, float], gap: float,
+                batch: Any, seconds: Sequence[float]) -> dict:
     """One metrics line, fields in `STEP_FIELDS` order (`check_record` validates it)."""
-    return {"step": int(step), "reward_mean": float(sum(rewards) / len(rewards)),
-              "advantage_std": float(update["advantage_std"]), "loss": float(update["loss"]),
-              "grad_norm": float(update["grad_norm"]), "logprob_gap_max": float(gap), "turns_mean": float(turns),
-              "seconds_rollout": float(seconds[0]), "seconds_update": float(seconds[1]),
-              "seconds_sync": float(seconds[2])}
+    return {"step": int(step), "reward_mean": mean([s["overall"] for s in scores]),
+            **{f"reward_{part}": mean([s[part] for s in scores]) for part in PARTS},
+            "advantage_std": float(update["advantage_std"]), "loss": float(update["loss"]),
+            "grad_norm": float(update["grad_norm"]), "logprob_gap_max": float(gap),
+            "kl_to_initial": float(update["kl_to_reference"]), "turns_mean": turns_mean(batch),
+            "pages_shown_mean": pages_shown_mean(batch), "seconds_rollout": float(seconds[0]),
+            "seconds_update": float(seconds[1]), "seconds_sync": float(seconds[2])}
 
 
 def check_record(record: dict, gap_tolerance: float = GAP_TOLERANCE) -> None:
@@ -109,12 +124,23 @@ def check_record(record: dict, gap_tolerance: float = GAP_TOLERANCE) -> None:
                          f"logprob gap {record['logprob_gap_max']:.3e} > {gap_tolerance:.0e}")
 
 
+def reward_summary(records: Sequence[Mapping[str, float]], window: Optional[int] = None) -> dict:
+    """Mean reward over the first and the last `window` steps (a quarter of the run, at least one
+    step, by default) and the gain between them: the curve in three numbers."""
+    if not records:
+        raise ValueError("no steps to summarise")
+    window = max(1, len(records) // 4) if window is None else window
+    first = mean([r["reward_mean"] for r in records[:window]])
+    last = mean([r["reward_mean"] for r in records[-window:]])
+    return {"steps": len(records), "window": window, "first": first, "last": last, "gain": last - first}
+
+
 # --- the loop ------------------------------------------------------------------------------------
 
 def learn(prompts: Any, *, rollout: Callable[[Any], Any], sync: Callable[[Any], float],
-          reward: Callable[[Any], Sequence[float]], hf_model: Any, optimizer: Any, processor: Any, n: int,
-          temperature: float, steps: int, out_dir: Path, config: Any = None,
-          gap_tolerance: float = GAP_TOLERANCE, log: Optional[Callable[[str], None]] = None) -> list[dict]:
+          reward: Callable[[Any], Sequence[Mapping[str, float]]], reference: Callable[[Any], Any], hf_model: Any,
+          optimizer: Any, processor: Any, n: int, temperature: float, steps: int, out_dir: Path, config: Any = None,
+          gap_tolerance: float = GAP_TOLERANCE, on_step: Optional[Callable[[dict], None]] = None) -> list[dict]:
     """Run the loop (module docstring); returns the metrics lines written."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
@@ -126,25 +152,25 @@ def learn(prompts: Any, *, rollout: Callable[[Any], Any], sync: Callable[[Any], 
         for step in range(1, steps + 1):
             started = time.perf_counter()
             batch = rollout(prompts)
-            rewards = list(reward(batch))
-            if len(rewards) != len(batch.batch["responses"]):
-                raise LearnError(f"step {step}: {len(rewards)} rewards for {len(batch.batch['responses'])} rows")
+            scores = list(reward(batch))
+            if len(scores) != len(batch.batch["responses"]):
+                raise LearnError(f"step {step}: {len(scores)} rewards for {len(batch.batch['responses'])} rows")
             rolled = time.perf_counter()
             # eval mode, as the engine computes (no dropout): old log-probs = the current model's
-            update = grpo_step(hf_model, optimizer, processor, batch, rewards, n, temperature, config)
+            update = grpo_step(hf_model, optimizer, processor, batch, [s["overall"] for s in scores], n, temperature,
+                               config, ref_log_prob=reference(batch))
             updated = time.perf_counter()
             gap = float(sync(hf_model))
             synced = time.perf_counter()
-            record = step_record(step, rewards, update, gap, turns_mean(batch),
-                                 (rolled - started, updated - rolled, synced - updated))
+            record = step_record(step, scores, update, gap, batch, (rolled - started, updated - rolled, synced - updated))
             metrics_file.write(json.dumps(record) + "\n")
             metrics_file.flush()
             records.append(record)
-            if log is not None:
-                log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()))
+            if on_step is not None:
+                on_step(record)
             check_record(record, gap_tolerance)
     return records
 
 
-__all__ = ["GAP_TOLERANCE", "LearnError", "METRICS_FILE", "STEP_FIELDS", "check_record", "episode_rewards",
-           "episode_texts", "learn", "step_record", "turns_mean"]
+__all__ = ["GAP_TOLERANCE", "LearnError", "METRICS_FILE", "STEP_FIELDS", "check_record", "episode_scores",
+           "episode_texts", "learn", "pages_shown_mean", "reward_summary", "step_record", "turns_mean"]
