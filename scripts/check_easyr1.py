@@ -17,7 +17,16 @@ Stages, in the order a training step takes them (each prints `[stage] ok` or fai
  4. union: the trainer's `repeat(n, interleave=True).union(output)`;
  5. logprobs: the actor's `compute_log_probs` on that batch; the rollout/actor logprob gap on
     loss-masked tokens is printed and must be <= 1e-3 (fp32, no grammar);
- 6. reward: EasyR1's `AutoRewardManager` with `examples/reward_function/vrag.py`.
+ 6. reward: EasyR1's `AutoRewardManager` with `examples/reward_function/vrag.py`;
+ 7. with `--steps N`, N training steps through EasyR1's own code, on the find-the-page task
+    (`vrag_rollout/devkit/learn_task.py`: evidence on page 3, its grammar on every turn): rollout,
+    `AutoRewardManager`, the actor's `compute_log_probs` (old_log_probs), the trainer's
+    `compute_advantage` (GRPO, uid groups of n), the worker's `update_actor`
+    (`DataParallelPPOActor.update_policy`), then `prepare_rollout_engine` syncs the updated weights
+    into the engine and a fresh probe (sampled without the grammar on its last turn) must show a
+    rollout/actor logprob gap <= 1e-3. One line per step: reward, loss, gap, seconds.
+
+    .venv/bin/python scripts/check_easyr1.py --easyr1 ... --deps ... --steps 3 --batch-size 3 --n 8
 
 Everything under "shims" below is a version or CPU stand-in, each with its reason; none of them
 is needed on a GPU machine with the EasyR1-pinned vLLM and transformers.
@@ -167,7 +176,9 @@ def worker_shims() -> None:
                 model.load_weights = load_weights
 
         model.load_weights = load_weights
-        engine.sleep = lambda *a, **k: None
+        # sleep(level=1) discards the KV cache (prefix cache included); without it, KV cached from
+        # the old weights would serve the prompts of the next step after a weight sync.
+        engine.sleep = lambda *a, **k: engine.reset_prefix_cache()
         engine.wake_up = lambda *a, **k: None
         return engine
 
@@ -178,12 +189,16 @@ def worker_shims() -> None:
 # ------------------------------------------------------------------------------------------
 # stages
 # ------------------------------------------------------------------------------------------
-def make_dataset(work: Path, index_dir: Path, action_format: str) -> Path:
+def make_dataset(work: Path, index_dir: Path, action_format: str, task: bool = False) -> Path:
+    """Questions about the sample corpus; with `task`, only the find-the-page task's (evidence on
+    page 3 of each document) with the task's instructions in their prompts."""
     from retriever_server.sample_corpus import SAMPLE_FACTS
-    from vrag_rollout.data.dataset import convert_dataset
+    from vrag_rollout.data.dataset import convert_dataset, make_prompt
+    from vrag_rollout.devkit.learn_task import TASK_INSTRUCTIONS, TOOL_CALL_TASK_INSTRUCTIONS, task_facts
 
+    facts = [(fact, (doc, page)) for fact, doc, page in task_facts()] if task else sorted(SAMPLE_FACTS.items())
     rows = []
-    for number, (query, (doc, page)) in enumerate(sorted(SAMPLE_FACTS.items())):
+    for number, (query, (doc, page)) in enumerate(facts):
         rows.append({"uid": f"q{number}", "query": f"Which page covers {query}?", "reference_answer": str(page),
                      "meta_info": {"file_name": f"{doc}.pdf", "reference_page": [page]}})
     source = work / "qa.jsonl"
@@ -192,6 +207,14 @@ def make_dataset(work: Path, index_dir: Path, action_format: str) -> Path:
     report = convert_dataset(source, out, index_dir=index_dir, action_format=action_format)
     if report.missing_documents:
         raise RuntimeError(f"sample questions name documents the index lacks: {report.missing_documents}")
+    if task:  # the task's instructions (fetch a page, answer its number) instead of the search agent's
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        instructions = TOOL_CALL_TASK_INSTRUCTIONS if action_format == "tool_call" else TASK_INSTRUCTIONS
+        table = pq.read_table(out)
+        prompts = pa.array([make_prompt(row["query"], instructions) for row in rows], type=pa.string())
+        pq.write_table(table.set_column(table.column_names.index("prompt"), "prompt", prompts), out)
     return out
 
 
@@ -202,21 +225,151 @@ def define_free_last_turn_agent() -> type:
     the tool calls (real retrieval); logprobs under a grammar are those of the constrained
     distribution, so the gap is measured on the free last turns only, which follow retrieved pages.
     Registered here as `__main__:FreeLastTurnAgent` for `VRAG_AGENT_CLASS` (this script is `__main__`).
+    The `--steps` loop switches it per call through the class attributes: `grammar` replaces the
+    config's, and `free_last_turn` False keeps the grammar on the last turn too (training rollouts).
     """
+    from vllm.sampling_params import StructuredOutputsParams
+
     from vrag_rollout import vLLMRolloutAgent
 
     class FreeLastTurnAgent(vLLMRolloutAgent):
         free_from: dict = {}  # output row -> first response position of its free turn
+        grammar = None  # a regex used instead of the config's action_regex
+        free_last_turn = True
 
         def request(self, episode, turn):
             prompt, params = super().request(episode, turn)
-            if turn == self.max_turns - 1:
+            if self.grammar is not None:
+                params.structured_outputs = StructuredOutputsParams(regex=self.grammar)
+            if self.free_last_turn and turn == self.max_turns - 1:
                 params.structured_outputs = None
                 FreeLastTurnAgent.free_from[episode.index] = len(episode.response_ids)
             return prompt, params
 
     globals()["FreeLastTurnAgent"] = FreeLastTurnAgent
     return FreeLastTurnAgent
+
+
+def logprob_gap(worker, batch, banned_ids, free_from: dict, tokenizer) -> dict:
+    """Rollout vs actor logprobs on the loss-masked tokens of the free (grammar-less) turns.
+
+    `batch` holds a rollout's output with its `rollout_log_probs` and the actor's `old_log_probs`;
+    `free_from` maps a row to the first response position of its free turn. The rollout samples
+    with the vision tokens banned (logit bias -100, as EasyR1's own rollout bans <|image_pad|>), so
+    its logprobs are renormalised over the other tokens; the actor's are over the whole vocabulary.
+    The difference is log(1 - p(banned)), about 1e-2 on the tiny model's 813-token vocabulary
+    (~1e-6 or less on a real one). p(banned) is read from the actor itself: its log p of each
+    banned token at every position. Returns the raw and the renormalised gap (max, mean).
+    """
+    import torch
+    from verl.protocol import DataProto
+
+    mask = batch.batch["response_mask"].bool()  # the loss mask: sampled tokens only
+    free = torch.zeros_like(mask)
+    image_pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    after_pages = 0
+    for row, start in free_from.items():
+        free[row, start:] = True
+        after_pages += int((batch.batch["responses"][row][:start] == image_pad).any())
+    compared = mask & free
+    raw = (batch.batch["old_log_probs"] - batch.batch["rollout_log_probs"]).abs()[compared]
+    if raw.numel() == 0 or after_pages == 0:
+        raise AssertionError(f"nothing to compare: {raw.numel()} free tokens, {after_pages} after pages")
+    banned_mass = torch.zeros_like(batch.batch["old_log_probs"])
+    for token_id in banned_ids:
+        probe = DataProto(batch=batch.batch.clone(), non_tensor_batch=dict(batch.non_tensor_batch),
+                          meta_info=dict(batch.meta_info))
+        probe.batch["responses"] = torch.full_like(probe.batch["responses"], token_id)
+        banned_mass += worker.compute_log_probs(probe).batch["old_log_probs"].exp()
+    actor_on_allowed = batch.batch["old_log_probs"] - torch.log1p(-banned_mass)
+    gap = (actor_on_allowed - batch.batch["rollout_log_probs"]).abs()[compared]
+    return {"tokens": gap.numel(), "after_pages": after_pages, "raw_max": float(raw.max()),
+            "raw_mean": float(raw.mean()), "max": float(gap.max()), "mean": float(gap.mean())}
+
+
+def probe_regex(action_format: str, max_page: int = 3) -> str:
+    """A gap probe's turns before its free last turn: fetch a page every sample document has
+    (1..3), so every probe episode reaches its free turn after retrieved pages."""
+    if action_format == "tool_call":
+        return ('<tool_call>\n\\{"name": "fetch", "arguments": \\{"page": [1-' + str(max_page)
+                + '], "mode": "image"\\}\\}\n</tool_call>')
+    return f"<fetch>image, [1-{max_page}]</fetch>"
+
+
+def batch_loss(micro_losses, response_mask, micro_batch_size: int) -> float:
+    """The loss `update_policy` stepped on: its micro-batch token-means (`actor/pg_loss`) weighted by
+    their tokens, i.e. the token-mean over the batch (one mini-batch, one epoch, no dynamic batching).
+    The plain mean of `actor/pg_loss` is ~0 here: one sample per micro-batch, GRPO advantages of mean 0."""
+    import torch
+
+    tokens = torch.stack([rows.sum() for rows in response_mask.sum(-1).split(micro_batch_size)]).double()
+    if len(tokens) != len(micro_losses):
+        raise AssertionError(f"{len(micro_losses)} micro-batch losses for {len(tokens)} micro-batches")
+    return float((torch.as_tensor(list(micro_losses), dtype=torch.float64) * tokens).sum() / tokens.sum())
+
+
+def run_steps(steps: int, *, worker, config, trainer_batch, manager, tokenizer, agent, grammar: str,
+              probe_grammar: str, banned_ids, probe_n: int = 2) -> None:
+    """Stage 7: `steps` GRPO steps through EasyR1's own code (module docstring)."""
+    import numpy as np
+    import torch
+    from verl.trainer.ray_trainer import compute_advantage
+
+    n = config.worker.rollout.n
+    algorithm = config.algorithm
+    optim = config.worker.actor.optim
+    print(f"  training: EasyR1's adv_estimator {algorithm.adv_estimator}, lr {optim.lr:g}, clip ratio "
+          f"{config.worker.actor.clip_ratio_low}/{config.worker.actor.clip_ratio_high}, loss_avg_mode "
+          f"{config.worker.actor.loss_avg_mode}, max_grad_norm {config.worker.actor.max_grad_norm}, n {n}, "
+          f"no reference policy", flush=True)
+
+    def probe(tag: str) -> dict:
+        """A fresh rollout on the engine's current weights, grammar-less last turns, against the actor."""
+        batch, gen_batch = trainer_batch(tag)
+        gen_batch.meta_info["n"] = probe_n  # a sampling override for this call (EasyR1's validation sends n too)
+        agent.grammar, agent.free_last_turn = probe_grammar, True
+        agent.free_from.clear()
+        output = worker.generate_sequences(gen_batch)
+        batch = batch.repeat(repeat_times=probe_n, interleave=True).union(output)
+        batch = batch.union(worker.compute_log_probs(batch))
+        return logprob_gap(worker, batch, banned_ids, agent.free_from, tokenizer)
+
+    worker.prepare_rollout_engine()  # the initial weights (their gap: stage 5)
+    for step in range(1, steps + 1):
+        started = time.perf_counter()
+        # rollout, as ray_trainer.fit: the engine holds the actor's weights synced last
+        batch, gen_batch = trainer_batch(f"s{step}")
+        agent.grammar, agent.free_last_turn = grammar, False  # the task's grammar on every turn
+        output = worker.generate_sequences(gen_batch)
+        worker.release_rollout_engine()
+        batch = batch.repeat(repeat_times=n, interleave=True).union(output)
+        # one rank: the trainer's _balance_batch would only reorder rows, which GRPO's uid groups ignore
+        batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
+        scores, reward_metrics = manager.compute_reward(batch)
+        batch.batch["token_level_scores"] = scores
+        batch = batch.union(worker.compute_log_probs(batch))  # old_log_probs
+        batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]  # no reference policy: no KL
+        batch = compute_advantage(batch, adv_estimator=algorithm.adv_estimator, gamma=algorithm.gamma,
+                                  lam=algorithm.lam)
+        actor = worker.update_actor(batch).non_tensor_batch
+        loss = batch_loss(actor["actor/pg_loss"], batch.batch["response_mask"],
+                          config.worker.actor.micro_batch_size_per_device_for_update)
+        # the updated weights into the engine; how far the update moved the actor's logprobs on this
+        # step's tokens shows the update is large enough for the gap check to tell old weights from new
+        worker.prepare_rollout_engine()
+        moved = (worker.compute_log_probs(batch).batch["old_log_probs"] - batch.batch["old_log_probs"]).abs()
+        moved = float(moved[batch.batch["response_mask"].bool()].max())
+        gap = probe(f"p{step}")
+        print(f"step {step}/{steps}: reward mean {float(scores.sum(-1).mean()):.3f} (accuracy "
+              f"{float(np.mean(reward_metrics['accuracy'])):.2f}, retrieval "
+              f"{float(np.mean(reward_metrics['retrieval'])):.2f}), loss {loss:.3e}, grad_norm "
+              f"{float(np.mean(actor['actor/grad_norm'])):.3f}, policy moved by up to {moved:.3f}, "
+              f"post-sync logprob gap max {gap['max']:.3e} (mean {gap['mean']:.3e}, {gap['tokens']} tokens, "
+              f"{gap['after_pages']} episodes after pages), {time.perf_counter() - started:.1f}s", flush=True)
+        if gap["max"] > GAP_LIMIT:
+            raise AssertionError(f"step {step}: post-sync logprob gap {gap['max']:.3e} > {GAP_LIMIT}: the engine "
+                                 "does not serve the updated actor weights")
+    worker.release_rollout_engine()
 
 
 def main() -> int:
@@ -233,9 +386,21 @@ def main() -> int:
     parser.add_argument("--temperature", type=float, default=0.7,
                         help="not 1, so the logprobs must be those of the temperature-scaled distribution")
     parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--steps", type=int, default=0,
+                        help="then run this many GRPO steps through EasyR1 on the find-the-page task (0: none)")
+    parser.add_argument("--lr", type=float, default=1e-3,
+                        help="the actor's learning rate for --steps (EasyR1's 1e-6 barely moves the tiny model)")
     args = parser.parse_args()
 
     sys.path[:0] = [str(p) for p in (args.deps, args.easyr1) if p is not None] + [str(REPO)]
+    if args.steps:  # checked once the extras are on the path: transformers looks for them once
+        from vrag_rollout.devkit.learn_task import task_facts
+
+        if args.n < 2:
+            parser.error("--steps needs --n >= 2 (GRPO compares the samples of a question)")
+        if args.batch_size > len(task_facts()):
+            parser.error(f"--steps: the find-the-page task has {len(task_facts())} questions; "
+                         f"--batch-size {args.batch_size} is more")
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": os.environ.get("MASTER_PORT", "29517"),
                        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "VLLM_LOGGING_LEVEL": "ERROR"})
     version_shims()
@@ -265,7 +430,7 @@ def main() -> int:
     with serve_in_thread(index_dir) as url:
         # ---- 1. data ----
         started = time.perf_counter()
-        parquet = make_dataset(work, index_dir, args.action_format)
+        parquet = make_dataset(work, index_dir, args.action_format, task=args.steps > 0)
         factor = 32 if args.family == "qwen3-vl" else 28
         native = args.action_format == "tool_call"
         config = glue.load_ppo_config([
@@ -288,7 +453,8 @@ def main() -> int:
             "worker.rollout.gpu_memory_utilization=0.3", f"worker.rollout.temperature={args.temperature}",
             f"worker.reward.reward_function={REPO / 'examples' / 'reward_function' / 'vrag.py'}:compute_score",
             "trainer.n_gpus_per_node=1",
-        ])
+        ] + ([f"worker.actor.optim.lr={args.lr}", "algorithm.disable_kl=true", "algorithm.use_kl_loss=false"]
+             if args.steps else []))
         from retriever_server.sample_corpus import SAMPLE_FACTS
         from vrag_rollout.devkit.demo import DEMO_MAX_PAGE, action_regex, tool_call_regex
 
@@ -311,22 +477,28 @@ def main() -> int:
                               max_prompt_length=data.max_prompt_length, truncation="right",
                               format_prompt=data.format_prompt, min_pixels=data.min_pixels, max_pixels=data.max_pixels,
                               filter_overlong_prompts=False)
-        batch_dict = collate_fn([dataset[i] for i in range(args.batch_size)])
+        meta = {"min_pixels": data.min_pixels, "max_pixels": data.max_pixels, "video_fps": data.video_fps}
+
+        def trainer_batch(tag: str):
+            """The trainer's batch of the first questions and its generation pop (ray_trainer._make_batch_data)."""
+            batch = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(args.batch_size)]),
+                                               meta_info=dict(meta))
+            batch.non_tensor_batch["uid"] = np.array([f"{tag}{i}" for i in range(len(batch))], dtype=object)
+            gen_batch = batch.pop(batch_keys=["input_ids", "attention_mask", "position_ids"],
+                                  non_tensor_batch_keys=["raw_prompt_ids", "multi_modal_data"],
+                                  meta_info_keys=["min_pixels", "max_pixels", "video_fps"])
+            return batch, gen_batch
+
+        batch, gen_batch = trainer_batch("u")
         if native:
             from vrag_rollout.core.tool_turns import TOOLS, ToolTurnTemplate
 
-            shown = tokenizer.decode(list(batch_dict["raw_prompt_ids"][0]), skip_special_tokens=False)
+            prompt_ids = list(gen_batch.non_tensor_batch["raw_prompt_ids"][0])
+            shown = tokenizer.decode(prompt_ids, skip_special_tokens=False)
             missing = ToolTurnTemplate(AutoTokenizer.from_pretrained(model_dir), TOOLS).missing_tools(shown)
             if missing:
                 raise AssertionError(f"EasyR1's dataset prompt lacks the schemas of {missing}")
-            print(f"  dataset prompts carry the tool schemas ({len(batch_dict['raw_prompt_ids'][0])} prompt tokens)",
-                  flush=True)
-        meta = {"min_pixels": data.min_pixels, "max_pixels": data.max_pixels, "video_fps": data.video_fps}
-        batch = DataProto.from_single_dict(batch_dict, meta_info=meta)
-        batch.non_tensor_batch["uid"] = np.array([f"u{i}" for i in range(len(batch))], dtype=object)
-        gen_batch = batch.pop(batch_keys=["input_ids", "attention_mask", "position_ids"],
-                              non_tensor_batch_keys=["raw_prompt_ids", "multi_modal_data"],
-                              meta_info_keys=["min_pixels", "max_pixels", "video_fps"])
+            print(f"  dataset prompts carry the tool schemas ({len(prompt_ids)} prompt tokens)", flush=True)
         assert list(gen_batch.non_tensor_batch["doc_id"]) == list(batch.non_tensor_batch["doc_id"])
         stage("data", started)
 
@@ -363,41 +535,18 @@ def main() -> int:
         started = time.perf_counter()
         old = worker.compute_log_probs(batch)
         batch = batch.union(old)
-        mask = batch.batch["response_mask"].bool()  # the loss mask: sampled tokens only
-        free = torch.zeros_like(mask)
-        image_pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
-        after_pages = 0
-        for row, start in free_agent.free_from.items():
-            free[row, start:] = True
-            after_pages += int((batch.batch["responses"][row][:start] == image_pad).any())
-        compared = mask & free
-        raw = (batch.batch["old_log_probs"] - batch.batch["rollout_log_probs"]).abs()[compared]
-        if raw.numel() == 0 or after_pages == 0:
-            raise AssertionError(f"nothing to compare: {raw.numel()} free tokens, {after_pages} after pages")
-        # The rollout samples with the vision tokens banned (logit bias -100, as EasyR1's own
-        # rollout bans <|image_pad|>), so its logprobs are renormalised over the other tokens; the
-        # actor's are over the whole vocabulary. The difference is log(1 - p(banned)), about 1e-2
-        # on the tiny model's 813-token vocabulary (~1e-6 or less on a real one). p(banned) is
-        # read from the actor itself: its log p of each banned token at every position.
-        banned_mass = torch.zeros_like(batch.batch["old_log_probs"])
         banned_ids = sorted(output.meta_info.get("logit_bias") or {})  # what the rollout says it banned
         known = {tokenizer.convert_tokens_to_ids(token) for token in BANNED_TOKENS}
         print(f"  banned by the rollout: {tokenizer.convert_ids_to_tokens(banned_ids)}", flush=True)
         if not banned_ids or not (known - {None, tokenizer.unk_token_id}) <= set(banned_ids):
             raise AssertionError(f"the rollout's ban {banned_ids} misses vision tokens {sorted(known)}")
-        for token_id in banned_ids:
-            probe = DataProto(batch=batch.batch.clone(), non_tensor_batch=dict(batch.non_tensor_batch),
-                              meta_info=dict(batch.meta_info))
-            probe.batch["responses"] = torch.full_like(probe.batch["responses"], token_id)
-            banned_mass += worker.compute_log_probs(probe).batch["old_log_probs"].exp()
-        actor_on_allowed = batch.batch["old_log_probs"] - torch.log1p(-banned_mass)
-        gap = (actor_on_allowed - batch.batch["rollout_log_probs"]).abs()[compared]
-        largest = float(gap.max())
-        print(f"  rollout/actor logprob gap on {gap.numel()} loss-masked tokens sampled without a grammar "
-              f"({after_pages} episodes with retrieved pages before them), temperature {args.temperature}:\n"
-              f"    actor as EasyR1 computes it: max {float(raw.max()):.3e}, mean {float(raw.mean()):.3e}\n"
+        gap = logprob_gap(worker, batch, banned_ids, free_agent.free_from, tokenizer)
+        largest = gap["max"]
+        print(f"  rollout/actor logprob gap on {gap['tokens']} loss-masked tokens sampled without a grammar "
+              f"({gap['after_pages']} episodes with retrieved pages before them), temperature {args.temperature}:\n"
+              f"    actor as EasyR1 computes it: max {gap['raw_max']:.3e}, mean {gap['raw_mean']:.3e}\n"
               f"    actor renormalised over the tokens the rollout may sample: max {largest:.3e}, "
-              f"mean {float(gap.mean()):.3e}", flush=True)
+              f"mean {gap['mean']:.3e}", flush=True)
         if largest > GAP_LIMIT:
             raise AssertionError(f"logprob gap {largest:.3e} > {GAP_LIMIT}")
         stage("logprobs", started)
@@ -413,6 +562,16 @@ def main() -> int:
         print("  reward metrics: " + ", ".join(f"{k}={float(np.mean(v)):.3g}" for k, v in sorted(metrics.items())),
               flush=True)
         stage("reward", started)
+
+        # ---- 7. training steps ----
+        if args.steps:
+            started = time.perf_counter()
+            from vrag_rollout.devkit.learn_task import task_regex
+
+            run_steps(args.steps, worker=worker, config=config, trainer_batch=trainer_batch, manager=manager,
+                      tokenizer=tokenizer, agent=free_agent, grammar=task_regex(args.action_format),
+                      probe_grammar=probe_regex(args.action_format), banned_ids=banned_ids)
+            stage("steps", started)
     del torch
     print("check_easyr1: all stages passed")
     return 0

@@ -53,6 +53,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     learn.add_argument("--family", choices=FAMILY_NAMES, default=None, help="tiny model family (default qwen2-vl)")
     learn.add_argument("--model", default=None, help="a local checkpoint of a supported family instead")
     learn.add_argument("--action-format", choices=("tags", "tool_call"), default="tags")
+    learn.add_argument("--data", type=Path, default=None,
+                       help="your questions instead of the find-the-page task: a parquet from convert-dataset "
+                            "(the first --batch-size rows; no action grammar: the model writes its own actions)")
+    learn.add_argument("--index", type=Path, default=None,
+                       help="serve this retriever index (vrag-retriever index) instead of the sample corpus's")
 
     record = commands.add_parser(
         "record-fixtures", help="record every retriever call the demo can make from a live server, for replay"
@@ -119,12 +124,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         settings = dict(steps=args.steps, batch_size=args.batch_size, n=args.n, max_turns=args.max_turns,
                         response_length=args.response_length, temperature=args.temperature, lr=args.lr)
+        sources = dict(data=args.data, index=args.index)
         try:
-            check_settings(**settings)
+            check_settings(**settings, **sources)
         except ValueError as error:
             parser.error(str(error))
         run_learn(args.out, **settings, seed=args.seed, family=args.family, model=args.model,
-                  retriever_url=args.retriever_url, fixtures=args.fixtures, action_format=args.action_format)
+                  retriever_url=args.retriever_url, fixtures=args.fixtures, action_format=args.action_format,
+                  **sources)
         return 0
     if args.command == "record-fixtures":
         from .devkit.demo import record_demo_fixtures

@@ -126,3 +126,30 @@ def test_tool_call_prompts_carry_the_tool_call_instructions(tmp_path):
     assert pq.read_table(out).to_pydict()["prompt"] == [TOOL_CALL_INSTRUCTIONS + "\nQuestion: How much?"]
     with pytest.raises(ValueError, match="action_format must be one of"):
         dataset.convert_dataset(src, out, action_format="json")
+
+
+@pytest.mark.parametrize("action_format", ["tags", "tool_call"])
+def test_read_questions_gives_back_what_was_converted(tmp_path, action_format):
+    from vrag_rollout.data.prompts import TOOL_CALL_INSTRUCTIONS
+
+    src = write_jsonl(tmp_path / "qa.jsonl", [question("q1", query="Who?\nQuestion: really?"),
+                                              question("q2", "b.pdf", [2], "How much?", "12%"),
+                                              question("q3")])
+    dataset.convert_dataset(src, tmp_path / "train.parquet", action_format=action_format)
+    samples, truths = dataset.read_questions(tmp_path / "train.parquet", limit=2)
+    instructions = TOOL_CALL_INSTRUCTIONS if action_format == "tool_call" else AGENT_INSTRUCTIONS
+    assert [(s.question, s.doc_id, s.instructions) for s in samples] == [
+        ("Who?\nQuestion: really?", "report", instructions), ("How much?", "b", instructions)]
+    assert truths == [{"answer": "Ada", "doc_id": "report", "gold_pages": [3, 5]},
+                      {"answer": "12%", "doc_id": "b", "gold_pages": [2]}]
+
+
+def test_read_questions_refuses_a_file_that_is_not_a_converted_dataset(tmp_path):
+    import pyarrow as pa
+
+    pq.write_table(pa.table({"question": ["x"]}), tmp_path / "other.parquet")
+    with pytest.raises(dataset.DatasetError, match="field 'answer,doc_id,prompt': no such column"):
+        dataset.read_questions(tmp_path / "other.parquet")
+    pq.write_table(pa.table({"prompt": ["p\nQuestion: q"], "answer": ["{oops"], "doc_id": ["d"]}), tmp_path / "bad.parquet")
+    with pytest.raises(dataset.DatasetError, match="row 1: field 'answer': not JSON"):
+        dataset.read_questions(tmp_path / "bad.parquet")

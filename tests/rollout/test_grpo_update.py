@@ -4,6 +4,8 @@ group normalisation written out here, and one step moves a sample's log-prob wit
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -109,3 +111,27 @@ def test_response_log_probs_equal_the_engines_on_freely_sampled_tokens(tiny_mode
         free[row, :agent.free_from.get(row, free.shape[1])] = False
     assert free.sum() > 20
     assert (log_prob - batch.batch["rollout_log_probs"]).abs()[free].max() < 1e-3
+
+
+def test_tokens_the_grammar_forced_carry_no_gradient_into_the_model(tiny_model_dir, tiny_processor, rollout):
+    """Under the action grammar a forced token's log-prob is 0 for the constrained policy whatever
+    the weights: the update gives it a constant 0. Control: the same batch marked grammar-free."""
+    from vrag_rollout.training.grpo import grammar_forced
+
+    assert rollout.meta_info["action_grammar"]
+    forced = grammar_forced(rollout)
+    sampled = rollout.batch["loss_mask"].bool()
+    assert forced.any() and (forced <= sampled).all() and (sampled & ~forced).any()
+    assert (rollout.batch["rollout_log_probs"][forced] == 0).all()
+
+    model = fresh_model(tiny_model_dir)
+    log_prob = response_log_probs(model, tiny_processor, rollout, TEMPERATURE)
+    assert (log_prob[forced] == 0).all() and (log_prob[sampled & ~forced] != 0).all()
+    log_prob[forced].sum().backward()
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+
+    free = copy.copy(rollout)
+    free.meta_info = {**rollout.meta_info, "action_grammar": False}
+    assert grammar_forced(free) is None
+    control = response_log_probs(fresh_model(tiny_model_dir), tiny_processor, free, TEMPERATURE)
+    assert (control[forced] != 0).all()

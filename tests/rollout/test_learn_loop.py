@@ -192,6 +192,28 @@ def test_eval_batch_passes_the_forward_check_on_final_and_fails_on_the_initial_m
     assert set(on_initial.by_check()) == {"forward"}, on_initial.human()
 
 
+def test_your_own_questions_with_data(tmp_path, tiny_model_dir, tiny_processor, tiny_llm, original, run):
+    """`--data`: the first rows of a converted dataset, scored against their own ground truths, no grammar."""
+    from vrag_rollout.data.dataset import convert_dataset
+
+    rows = [{"uid": f"q{i}", "query": query, "reference_answer": answer,
+             "meta_info": {"file_name": f"{doc}.pdf", "reference_page": [page]}}
+            for i, (query, answer, doc, page) in enumerate([("Where is the muster point?", "car park", "safety_manual", 4),
+                                                            ("What is E42?", "firmware reset", "product_guide", 4),
+                                                            ("unused", "x", "annual_report", 1)])]
+    (tmp_path / "qa.json").write_text(json.dumps(rows))
+    convert_dataset(tmp_path / "qa.json", tmp_path / "train.parquet")
+    sync_weights(tiny_llm, original)
+    result = run_learn(tmp_path / "out", steps=2, batch_size=2, n=2, response_length=64, model_dir=tiny_model_dir,
+                       processor=tiny_processor, llm=tiny_llm, retriever=fixture_retriever(), progress=False,
+                       data=tmp_path / "train.parquet", evaluate=False)
+    assert result["agent"].config.action_regex is None
+    assert len(result["records"]) == 2 and all(r["logprob_gap_max"] <= SYNC_TOLERANCE for r in result["records"])
+    assert result["questions"] == ["Where is the muster point?", "What is E42?"]
+    assert result["truths"] == [{"answer": "car park", "doc_id": "safety_manual", "gold_pages": [4]},
+                                {"answer": "firmware reset", "doc_id": "product_guide", "gold_pages": [4]}]
+
+
 # --- pure checks ----------------------------------------------------------------------------------
 
 def test_a_gap_over_tolerance_fails_the_run():
@@ -207,8 +229,11 @@ def test_a_gap_over_tolerance_fails_the_run():
     assert GAP_TOLERANCE == SYNC_TOLERANCE
 
 
-@pytest.mark.parametrize("flag, value, message", [("--n", "1", "n must be >= 2"), ("--steps", "0", "steps must be >= 1"),
-                                                  ("--lr", "-1", "lr must be > 0")])
+@pytest.mark.parametrize("flag, value, message", [
+    ("--n", "1", "n must be >= 2"), ("--steps", "0", "steps must be >= 1"), ("--lr", "-1", "lr must be > 0"),
+    ("--batch-size", "4", "batch_size must be <= 3"), ("--data", "missing.parquet", "no such file"),
+    ("--index", ".", "not a retriever index"),
+])
 def test_the_command_refuses_settings_it_cannot_learn_from(flag, value, message, capsys, tmp_path):
     from vrag_rollout.cli import main
 

@@ -25,14 +25,18 @@ from typing import Any, Optional
 
 
 def check_settings(*, steps: int, batch_size: int, n: int, max_turns: int, response_length: int,
-                   temperature: float, lr: float) -> None:
+                   temperature: float, lr: float, data: Optional[Path] = None, index: Optional[Path] = None) -> None:
     """Refuse settings the loop cannot learn from, before any model or engine is loaded."""
+    from .learn_task import task_facts
+
     problems = [f"{name} must be >= {low}, got {value}" for name, value, low in
                 (("steps", steps, 1), ("batch_size", batch_size, 1), ("max_turns", max_turns, 1),
                  ("response_length", response_length, 1)) if value < low]
-    from .learn_task import task_facts
-
-    if batch_size > len(task_facts()):
+    if data is not None and not Path(data).is_file():
+        problems.append(f"--data {data}: no such file (write one with `vrag-rollout convert-dataset`)")
+    if index is not None and not (Path(index) / "manifest.json").is_file():
+        problems.append(f"--index {index}: not a retriever index (no manifest.json; build one with `vrag-retriever index`)")
+    if data is None and batch_size > len(task_facts()):
         problems.append(f"batch_size must be <= {len(task_facts())} (the find-the-page task's questions), got {batch_size}")
     if n < 2:
         problems.append(f"n must be >= 2 (GRPO compares the samples of a question with each other), got {n}")
@@ -56,17 +60,20 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
               lr: float = DEFAULTS["lr"], seed: int = 0, family: Optional[str] = None, model: Optional[str] = None,
               model_dir: Optional[Path] = None, processor: Any = None, llm: Any = None, retriever: Any = None,
               retriever_url: Optional[str] = None, fixtures: Optional[str] = None, action_format: str = "tags",
-              evaluate: bool = True, progress: bool = True) -> dict:
+              data: Optional[Path] = None, index: Optional[Path] = None, evaluate: bool = True,
+              progress: bool = True) -> dict:
     """Run the loop and write its outputs (module docstring); returns {"records", "summary",
-    "hf_model", "llm", "agent", "model_dir", "processor", "final_dir", "eval_path", "report"}."""
+    "hf_model", "llm", "agent", "model_dir", "processor", "final_dir", "eval_path", "report",
+    "questions", "truths"}."""
     check_settings(steps=steps, batch_size=batch_size, n=n, max_turns=max_turns,
-                   response_length=response_length, temperature=temperature, lr=lr)
+                   response_length=response_length, temperature=temperature, lr=lr, data=data, index=index)
     import copy
 
     import torch
     from tqdm import tqdm
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
+    from ..data.dataset import read_questions
     from ..engine.llm import configure_cpu_defaults
     from ..engine.weights import check_synced, sync_weights
     from ..rollout.agent import vLLMRolloutAgent
@@ -89,17 +96,21 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
         if retriever is None and retriever_url is None and fixtures is None:
             from retriever_server.testing import serve_in_thread
 
-            retriever_url = stack.enter_context(serve_in_thread(prepare_index(cache_dir())))
+            retriever_url = stack.enter_context(serve_in_thread(Path(index) if index else prepare_index(cache_dir())))
+        if data is None:
+            samples, truths = task_questions(
+                batch_size, TOOL_CALL_TASK_INSTRUCTIONS if action_format == "tool_call" else TASK_INSTRUCTIONS)
+            grammar = task_regex(action_format)
+        else:  # the user's questions: the model writes its own actions, as in a trainer
+            samples, truths = read_questions(Path(data), batch_size)
+            grammar = None
         config = demo_config(n=n, max_turns=max_turns, response_length=response_length, temperature=temperature,
-                             seed=seed, calculate_log_probs=True, action_format=action_format,
-                             action_regex=task_regex(action_format),
+                             seed=seed, calculate_log_probs=True, action_format=action_format, action_regex=grammar,
                              retriever_url=retriever_url or "http://127.0.0.1:8002", retriever_fixtures=fixtures,
                              **demo_page_band(processor))
         agent = vLLMRolloutAgent(str(model_dir), config, tokenizer, processor, inference_engine=llm,
                                  retriever=retriever)
         engine = agent.inference_engine
-        samples, truths = task_questions(
-            batch_size, TOOL_CALL_TASK_INSTRUCTIONS if action_format == "tool_call" else TASK_INSTRUCTIONS)
         prompts = demo_prompts(tokenizer, processor, samples, config)
 
         def sync(policy: Any) -> float:
@@ -128,8 +139,9 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
         bar.close()
         summary = reward_summary(records)
         print(summary_line(summary))
-        plot_rewards(records, out_dir / PLOT_FILE, title=f"GRPO on the find-the-page task ({model_dir.name}, "
-                                                          f"{action_format}, n={n}, lr={lr:g})")
+        task = "the find-the-page task" if data is None else Path(data).name
+        plot_rewards(records, out_dir / PLOT_FILE,
+                     title=f"GRPO on {task} ({Path(model_dir).name}, {action_format}, n={n}, lr={lr:g})")
         final_dir = save_final(hf_model, processor, model_dir, out_dir / FINAL_DIR)
         eval_path = report = None
         if evaluate:
@@ -140,7 +152,7 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
           + (f", {eval_path}" if eval_path else ""))
     return {"records": records, "summary": summary, "hf_model": hf_model, "llm": engine, "agent": agent,
             "model_dir": Path(model_dir), "processor": processor, "final_dir": final_dir, "eval_path": eval_path,
-            "report": report}
+            "report": report, "questions": [sample.question for sample in samples], "truths": truths}
 
 
 def save_final(hf_model: Any, processor: Any, model_dir: Path, final_dir: Path) -> Path:

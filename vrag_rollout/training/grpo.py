@@ -19,6 +19,14 @@ Contract:
   one forward pass per sample over its unpadded tokens with its images through the processor's
   image processor (the model computes its own M-RoPE positions), with the engine's logit bias and
   temperature applied, i.e. the distribution the rollout sampled from.
+- Under an action grammar (`meta_info["action_grammar"]`) the engine sampled from the grammar's
+  renormalised distribution. Where the grammar allowed one token only, the engine's logprob is
+  exactly 0 and so is the constrained policy's, whatever the weights: `response_log_probs` gives
+  those tokens a constant 0 (no gradient), as the constrained policy's own log-prob would, instead
+  of pushing the unconstrained probability of a token the grammar forces anyway. (A freely chosen
+  token whose engine logprob rounds to exactly 0 in fp32 is treated alike; its gradient is ~0.)
+  Where the grammar left a choice, the model's unconstrained log-prob stands in for the
+  constrained one (the allowed set is not in the batch).
 - `grpo_step` does one update (old log-probs = the current model's, detached: one on-policy step)
   and clips the gradient norm at `config.optim.clip_grad` as verl's FSDP engine does.
 
@@ -125,7 +133,18 @@ def response_log_probs(hf_model: Any, processor: Any, batch: Any, temperature: f
         predictors = torch.log_softmax((logits[prompt_len - 1:-1] + bias) / temperature, dim=-1)
         own = predictors.gather(-1, ids[prompt_len:, None])[:, 0]
         rows.append(torch.nn.functional.pad(own, (0, tokens["responses"].shape[1] - len(own))))
-    return torch.stack(rows)
+    log_prob = torch.stack(rows)
+    forced = grammar_forced(batch)
+    return log_prob if forced is None else log_prob.masked_fill(forced.to(log_prob.device), 0.0)
+
+
+def grammar_forced(batch: Any) -> Optional[torch.Tensor]:
+    """(B, R) bool: sampled tokens the action grammar forced (engine logprob exactly 0), or None
+    when no grammar was active or the batch has no rollout logprobs."""
+    rollout_log_probs = batch.batch.get("rollout_log_probs") if hasattr(batch.batch, "get") else None
+    if not batch.meta_info.get("action_grammar") or rollout_log_probs is None:
+        return None
+    return (rollout_log_probs == 0) & batch.batch["loss_mask"].bool()
 
 
 def grpo_loss(hf_model: Any, processor: Any, batch: Any, rewards: Any, n: int, temperature: float,
@@ -167,5 +186,5 @@ def grpo_step(hf_model: Any, optimizer: Any, processor: Any, batch: Any, rewards
             "grad_norm": float(grad_norm), **metrics}
 
 
-__all__ = ["actor_config", "grpo_advantages", "grpo_loss", "grpo_step", "kl_to_reference", "policy_loss",
+__all__ = ["actor_config", "grammar_forced", "grpo_advantages", "grpo_loss", "grpo_step", "kl_to_reference", "policy_loss",
            "response_log_probs", "token_level_rewards"]
