@@ -3,7 +3,9 @@
 Routing, auth and error mapping only; the work is in ``service.RetrieverService``, admission
 control in ``admission``, the swappable index in ``lifecycle``, metrics in ``metrics``. Request-level
 problems (malformed JSON, wrong types, batch too large, top_n out of range) are 422s with a
-readable ``detail``; item-level problems are error items inside a normal 200 answer.
+readable ``detail`` (``problems``); a body not sent as JSON is a 415 naming the header to send;
+an answer over ``Limits.max_answer_bytes`` is a 413 (``answer_size``); item-level problems are
+error items inside a normal 200 answer.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import APIKeyHeader
 from pydantic import BaseModel
 
+from . import problems as request_problems
 from .admission import AdmissionGate, AdmissionLimits, AdmissionMiddleware, ComputeThreads
+from .answer_size import AnswerTooLarge
 from .cache import DEFAULT_CACHE_BYTES
 from .contract import JSON, MSGPACK, prefers_msgpack
 from .lifecycle import VERSION_HEADER, IndexSlot, LoadedIndex
@@ -72,6 +76,8 @@ def _answer(loaded: LoadedIndex, form: str, make: Callable[[], bytes]) -> Respon
     headers = {VERSION_HEADER: loaded.version, "Vary": "Accept"}
     try:
         return Response(make(), media_type=form, headers=headers)
+    except AnswerTooLarge as exc:  # refused whole: never a partial answer
+        return JSONResponse({"detail": str(exc)}, status_code=413, headers=headers)
     except RequestError as exc:
         return JSONResponse({"detail": str(exc)}, status_code=422, headers=headers)
 
@@ -98,11 +104,16 @@ def create_app(source, *, api_key: str | None = None, limits: Limits | None = No
                      follow_s=follow_index_s)
     auth = [Depends(_api_key_dependency(api_key))]
     problems = {code: {"model": Problem, "description": text} for code, text in [
-        (401, "missing or wrong API key"), (413, "request body too large"),
-        (422, "malformed request: wrong types, batch too large, top_n out of range"),
+        (401, "missing or wrong API key"),
+        (413, "request body too large, or the answer would be (fewer queries or a smaller "
+              "top_n fit)"),
+        (415, "request body not sent as JSON (content-type: application/json)"),
+        (422, "malformed request: malformed JSON, wrong types, batch too large, top_n out of "
+              "range"),
         (503, "overloaded: retry after the Retry-After header's seconds (Retry-After-Ms: the "
               "same, in milliseconds)")]}
-    # strict_content_type=False: a JSON body is read as JSON even without the header (curl -d).
+    # strict_content_type=False: a body without a content-type header is read as JSON; one sent
+    # as another type (curl -d alone sends a form type) is a 415 saying so (``problems``).
     app = FastAPI(title="vrag-retriever", version="1", strict_content_type=False,
                   description="Page-image retriever: search inside one document, fetch a page. "
                               "Page ids are `<doc_id>_<page>` with 1-based pages. Answers are "
@@ -117,12 +128,9 @@ def create_app(source, *, api_key: str | None = None, limits: Limits | None = No
                        observe=metrics.observe, refused=metrics.refused)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        summary = "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', 'invalid')}"
-            for e in exc.errors()[:5])
-        return JSONResponse(status_code=422, content={
-            "detail": f"invalid request: {summary} (the request schema is at GET /docs)"})
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        status, detail = request_problems.describe(exc, request.headers.get("content-type"))
+        return JSONResponse(status_code=status, content={"detail": detail})
 
     # async: answered on the event loop, never behind queued work in the thread pool.
     @app.get("/health", response_model=Health)
@@ -146,7 +154,7 @@ def create_app(source, *, api_key: str | None = None, limits: Limits | None = No
         return Response(metrics.render(), media_type=metrics.content_type)
 
     @app.post("/admin/reload", dependencies=auth,
-              responses={401: problems[401], 422: problems[422],
+              responses={401: problems[401], 415: problems[415], 422: problems[422],
                          409: {"model": Problem, "description": "the index cannot be loaded"}})
     def reload_index(req: ReloadRequest | None = None) -> dict:
         """Load a (re)built index and switch to it; requests in flight finish on the old one."""

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from .admission import AdmissionLimits
 from .app import create_app
 from .cache import PRELOAD_FORMS
+from .limits import Limits
 
 ENV_INDEX = "VRAG_RETRIEVER_INDEX"
 ENV_API_KEY = "VRAG_RETRIEVER_API_KEY"
@@ -22,6 +23,7 @@ ENV_MAX_WAIT = "VRAG_RETRIEVER_MAX_WAIT_S"
 ENV_THREADS = "VRAG_RETRIEVER_THREADS"
 ENV_QUEUE_SERVICES = "VRAG_RETRIEVER_QUEUE_SERVICES"  # "none": max_wait_s alone
 ENV_FOLLOW = "VRAG_RETRIEVER_FOLLOW_INDEX_S"
+ENV_MAX_ANSWER_BYTES = "VRAG_RETRIEVER_MAX_ANSWER_BYTES"
 
 
 def admission_from_env() -> AdmissionLimits:
@@ -32,6 +34,11 @@ def admission_from_env() -> AdmissionLimits:
         max_wait_s=float(os.environ.get(ENV_MAX_WAIT, default.max_wait_s)),
         threads=int(os.environ.get(ENV_THREADS, default.threads)),
         queue_services=_optional_float(os.environ.get(ENV_QUEUE_SERVICES, default.queue_services)))
+
+
+def limits_from_env() -> Limits:
+    return Limits(max_answer_bytes=int(os.environ.get(ENV_MAX_ANSWER_BYTES,
+                                                      Limits.max_answer_bytes)))
 
 
 def _optional_float(value) -> float | None:
@@ -62,7 +69,7 @@ def app_from_env() -> FastAPI:
     sys.setswitchinterval(SWITCH_INTERVAL_S)  # this process only serves
     app = create_app(index, api_key=os.environ.get(ENV_API_KEY) or None,
                      preload=_preload_from_env(os.environ.get(ENV_PRELOAD, "0")),
-                     admission=admission_from_env(),
+                     admission=admission_from_env(), limits=limits_from_env(),
                      follow_index_s=float(os.environ.get(ENV_FOLLOW, "0")) or None)
     # What exists now (libraries, the loaded index) lives as long as the process: frozen, the
     # garbage collector's full passes skip it. Under a flood of requests those passes came every

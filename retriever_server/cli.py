@@ -1,4 +1,8 @@
-"""``vrag-retriever``: index documents, serve an index, write the sample corpus."""
+"""The vrag-retriever command: index documents, serve an index, write the sample corpus.
+
+Its help is plain text (argparse prints it as written, no markup): each subcommand has a
+description and every option a help line saying its default.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,26 @@ import sys
 from pathlib import Path
 
 from .admission import AdmissionLimits
+from .answer_size import LIMIT_OPTION, MIB
 from .cache import PRELOAD_FORMS
 from .imaging import DEFAULT_DPI, DEFAULT_JPEG_QUALITY, DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
+from .limits import Limits
+
+DESCRIPTION = """\
+vrag-retriever: a page-image retriever for visual document RAG. It indexes PDFs and
+page images, searches inside one document per query and serves the pages over HTTP.
+
+quick start (each command has its own --help):
+  vrag-retriever sample-corpus corpus/
+  vrag-retriever index corpus/ --out index/
+  vrag-retriever serve --index index/
+
+The HTTP API, the index format and the limits are described in docs/retriever.md.
+"""
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written (line breaks kept); option help wrapped."""
 
 
 def _is_loopback(host: str) -> bool:
@@ -76,7 +98,9 @@ def _cmd_serve(args) -> int:
     os.environ[asgi.ENV_THREADS] = str(args.threads)
     os.environ[asgi.ENV_QUEUE_SERVICES] = str(args.queue_services)
     os.environ[asgi.ENV_FOLLOW] = str(args.follow_index)
+    os.environ[asgi.ENV_MAX_ANSWER_BYTES] = str(int(args.max_answer_mib * MIB))
     asgi.admission_from_env()  # fail fast on bad limits
+    asgi.limits_from_env()
     if api_key:
         os.environ[asgi.ENV_API_KEY] = api_key
     # The factory form lets --workers start several processes, each with its own index copy.
@@ -94,17 +118,37 @@ def _cmd_sample_corpus(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vrag-retriever", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="vrag-retriever", description=DESCRIPTION,
+                                     formatter_class=_HelpFormatter)
+    sub = parser.add_subparsers(title="commands", dest="command", required=True,
+                                metavar="COMMAND")
 
-    p = sub.add_parser("index", help="index PDFs, folders of PDFs, folders of page images")
-    p.add_argument("sources", nargs="+", metavar="SRC")
-    p.add_argument("--out", required=True, metavar="INDEX_DIR")
-    p.add_argument("--min-pixels", type=int, default=DEFAULT_MIN_PIXELS)
-    p.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS)
-    p.add_argument("--jpeg-quality", type=int, default=DEFAULT_JPEG_QUALITY)
+    def command(name: str, summary: str, description: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=summary, description=description,
+                              formatter_class=_HelpFormatter)
+
+    p = command("index", "index PDFs, folders of PDFs, folders of page images", """\
+Index documents into INDEX_DIR: page text (PDF text layer, else OCR), BM25 over it,
+and every page rendered once to a JPEG that serving sends as is. The index is
+built beside INDEX_DIR and swapped in when complete; re-running replaces it.
+
+examples:
+  vrag-retriever index report.pdf manuals/ scans/contract_17/ --out index/
+  vrag-retriever index manuals/ --out index/ --encoder colqwen2:/models/colqwen2""")
+    p.add_argument("sources", nargs="+", metavar="SRC",
+                   help="a PDF, a folder of page images (one document), or a folder of PDFs "
+                        "and image folders; doc ids are file stems and folder names")
+    p.add_argument("--out", required=True, metavar="INDEX_DIR",
+                   help="the index directory to write (replaced atomically if it exists)")
+    p.add_argument("--min-pixels", type=int, default=DEFAULT_MIN_PIXELS,
+                   help="smallest page image, in pixels (default %(default)s = 512*28*28)")
+    p.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                   help="largest page image, in pixels (default %(default)s = 1280*28*28)")
+    p.add_argument("--jpeg-quality", type=int, default=DEFAULT_JPEG_QUALITY,
+                   help="JPEG quality of the stored pages (default %(default)s)")
     p.add_argument("--dpi", type=float, default=DEFAULT_DPI,
-                   help="PDF render resolution before fitting into the pixel band")
+                   help="PDF render resolution before fitting into the pixel band "
+                        "(default %(default)s)")
     p.add_argument("--ocr", choices=("auto", "on", "off"), default="auto",
                    help="OCR pages without a text layer with tesseract (auto: when installed)")
     p.add_argument("--workers", type=int, default=None,
@@ -119,14 +163,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with qdrant: fuse BM25 and dense ranks (hybrid, default) or dense only")
     p.set_defaults(func=_cmd_index)
 
-    p = sub.add_parser("serve", help="serve an index over HTTP")
-    p.add_argument("--index", required=True, metavar="INDEX_DIR")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8002)
-    p.add_argument("--api-key", default=None, help="require this X-API-Key header")
+    p = command("serve", "serve an index over HTTP", """\
+Serve INDEX_DIR over HTTP (POST /batch_search, /batch_fetch, /search, /fetch;
+GET /health, /ready, /metrics, /documents; the schema at GET /docs).
+
+example:
+  vrag-retriever serve --index index/
+  curl -s localhost:8002/batch_search -H 'content-type: application/json' \\
+    -d '{"query": ["lockout tagout padlock"], "id": ["safety_manual"], "top_n": 1}'""")
+    p.add_argument("--index", required=True, metavar="INDEX_DIR",
+                   help="the index directory (made by 'vrag-retriever index')")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default %(default)s; another needs --api-key)")
+    p.add_argument("--port", type=int, default=8002, help="port (default %(default)s)")
+    p.add_argument("--api-key", default=None,
+                   help="require this X-API-Key header (default: $VRAG_RETRIEVER_API_KEY, "
+                        "else none)")
     p.add_argument("--allow-public-without-key", dest="allow_public", action="store_true",
                    help="bind a non-loopback host without an API key")
-    p.add_argument("--workers", type=int, default=1, help="server processes")
+    p.add_argument("--workers", type=int, default=1,
+                   help="server processes, each with its own index copy (default %(default)s)")
     p.add_argument("--preload", nargs="?", const="msgpack", default=None,
                    choices=sorted(PRELOAD_FORMS),
                    help="load every page image at start-up, in the form its clients ask for: "
@@ -136,25 +192,37 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the dense encoder's checkpoint, when not where the index recorded it; "
                         "must be the checkpoint the index was built with")
     p.add_argument("--max-in-flight", type=int, default=AdmissionLimits.max_in_flight,
-                   help="requests worked on at once, per process")
+                   help="requests worked on at once, per process (default %(default)s)")
     p.add_argument("--max-queue", type=int, default=AdmissionLimits.max_queue,
-                   help="requests waiting beyond those, per process; more are refused (503)")
+                   help="requests waiting beyond those, per process; more are refused (503) "
+                        "(default %(default)s)")
     p.add_argument("--max-wait", type=float, default=AdmissionLimits.max_wait_s,
-                   help="seconds a request may wait for a slot before it is refused (503)")
+                   help="seconds a request may wait for a slot before it is refused (503) "
+                        "(default %(default)s)")
     p.add_argument("--queue-services", type=_services, default=AdmissionLimits.queue_services,
                    metavar="N",
                    help="queue a request only if it should start within N mean service times "
                         "(default %(default)s; 'none': --max-wait alone bounds the queue)")
     p.add_argument("--threads", type=int, default=AdmissionLimits.threads,
-                   help="threads computing answers at once, per process")
+                   help="threads computing answers at once, per process (default %(default)s)")
+    p.add_argument(LIMIT_OPTION, type=float, default=Limits.max_answer_bytes / MIB, metavar="MIB",
+                   help="largest answer, in MiB; a request that could get more is refused (413) "
+                        "before any search, saying how many queries fit (default %(default)g)")
     p.add_argument("--follow-index", type=float, default=0.0, metavar="SECONDS",
                    help="reload by itself within about SECONDS when INDEX_DIR is re-indexed "
                         "(every worker process; default 0: only POST /admin/reload)")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", default="info",
+                   help="uvicorn's log level: critical, error, warning, info, debug, trace "
+                        "(default %(default)s)")
     p.set_defaults(func=_cmd_serve)
 
-    p = sub.add_parser("sample-corpus", help="write the built-in sample PDFs")
-    p.add_argument("out_dir", metavar="OUT_DIR")
+    p = command("sample-corpus", "write the built-in sample PDFs", """\
+Write 3 small generated PDFs (annual_report, safety_manual, product_guide; 13 pages)
+into OUT_DIR, offline, to try indexing and serving.
+
+example:
+  vrag-retriever sample-corpus corpus/ && vrag-retriever index corpus/ --out index/""")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="where to write the PDFs (created)")
     p.set_defaults(func=_cmd_sample_corpus)
 
     return parser

@@ -14,6 +14,14 @@ class Limits:
     max_query_chars: int = 2000
     max_top_n: int = 50
     max_body_bytes: int = 8 * 1024 * 1024
+    # Answer bytes, bounded before searching (``answer_size``). A rollout's requests (64 queries
+    # x top_n 1-3 of ~85 KiB pages: 7-21 MiB of JSON) fit with room; 1,024 queries x top_n 50
+    # (up to 51,200 pages, gigabytes) do not.
+    max_answer_bytes: int = 64 * 1024 * 1024
+
+    def __post_init__(self):
+        if self.max_answer_bytes < 1:
+            raise ValueError(f"max_answer_bytes must be at least 1, got {self.max_answer_bytes}")
 
 
 _ID_ECHO = 80  # how much of a bad id/spec we quote back

@@ -1,7 +1,9 @@
 """The retriever's request handling, without HTTP: validate, search or fetch, render the answer's
 bytes in the negotiated format (``contract.JSON`` or ``contract.MSGPACK``, see ``wire``).
 
-``RequestError`` marks a request-level problem (the app answers 422); item-level problems become
+``RequestError`` marks a request-level problem (the app answers 422), ``AnswerTooLarge`` an
+answer over ``Limits.max_answer_bytes`` (413: checked before searching or reading a page, and on
+the rendered bytes, see ``answer_size``); item-level problems become
 ``{"id": "error", "contents": reason}`` items inside an otherwise normal answer.
 """
 
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from . import contract, wire
+from . import answer_size, contract, wire
 from .backends.base import Backend, Hit
 from .cache import FragmentCache
 from .limits import Limits, doc_problem, fetch_spec_problem, page_problem, parse_fetch_spec, query_problem
@@ -30,6 +32,7 @@ class RetrieverService:
     def __init__(self, backend: Backend, cache: FragmentCache, limits: Limits):
         self.backend, self.cache, self.limits = backend, cache, limits
         self.documents: Mapping[str, int] = backend.documents()
+        self.budget = answer_size.AnswerBudget(backend, limits.max_answer_bytes)
 
     # -- request-level checks --------------------------------------------------------------
     def doc_ids_for(self, ids: list[str] | str, n: int) -> list[str]:
@@ -48,9 +51,10 @@ class RetrieverService:
             raise RequestError(f"top_n must be between 1 and {self.limits.max_top_n}, got {top_n}")
 
     # -- search ----------------------------------------------------------------------------
-    def search_items(self, queries: list[str], doc_ids: list[str],
-                     top_n: int) -> list[list[Hit] | tuple[str, str]]:
-        """Hits per item, or (reason, contract error code) for an item that cannot be searched."""
+    def search_items(self, queries: list[str], doc_ids: list[str], top_n: int,
+                     form: str = contract.JSON) -> list[list[Hit] | tuple[str, str]]:
+        """Hits per item, or (reason, contract error code) for an item that cannot be searched.
+        ``AnswerTooLarge`` before searching if the answer in ``form`` could be over the limit."""
         out: list[list[Hit] | tuple[str, str]] = [[] for _ in queries]
         todo = []
         for i, (query, doc_id) in enumerate(zip(queries, doc_ids, strict=True)):
@@ -60,6 +64,7 @@ class RetrieverService:
                 out[i] = (problem, contract.MALFORMED_QUERY)
             else:
                 todo.append(i)
+        self.budget.check_search([doc_ids[i] for i in todo], top_n, form)
         if todo:
             try:
                 found = self.backend.search([queries[i] for i in todo],
@@ -86,29 +91,42 @@ class RetrieverService:
                 hits = (_unreadable(exc), contract.UNREADABLE)
         return [wire.error_item(*hits)]
 
+    def _search_answer(self, tree: wire.Node, queries: int, top_n: int, form: str) -> bytes:
+        return self.budget.check_rendered(
+            wire.render(tree, form), form,
+            lambda size: answer_size.search_advice(queries, top_n, size, self.budget.max_bytes))
+
     def batch_search(self, queries: list[str], ids: list[str] | str, top_n: int,
                      return_score: bool, form: str = contract.JSON) -> bytes:
         doc_ids = self.doc_ids_for(ids, len(queries))
         self.check_top_n(top_n)
-        return wire.render([self._hits_node(hits, return_score, form)
-                            for hits in self.search_items(queries, doc_ids, top_n)], form)
+        return self._search_answer([self._hits_node(hits, return_score, form)
+                                    for hits in self.search_items(queries, doc_ids, top_n, form)],
+                                   len(queries), top_n, form)
 
     def search(self, query: str, doc_id: str, top_n: int, return_score: bool,
                form: str = contract.JSON) -> bytes:
         self.check_top_n(top_n)
-        return wire.render(self._hits_node(self.search_items([query], [doc_id], top_n)[0],
-                                           return_score, form), form)
+        return self._search_answer(
+            self._hits_node(self.search_items([query], [doc_id], top_n, form)[0], return_score,
+                            form), 1, top_n, form)
 
     # -- fetch -----------------------------------------------------------------------------
-    def _fetch_node(self, spec: str, doc_id: str, form: str) -> wire.Node:
+    def _fetch_plan(self, spec: str, doc_id: str) -> tuple[str, int] | dict:
+        """(modality, page) of a fetch that can be made, else its error item."""
         parsed = parse_fetch_spec(spec) if len(spec) <= self.limits.max_query_chars else None
         if parsed is None:
             return wire.error_item(fetch_spec_problem(spec), contract.MALFORMED_FETCH)
-        modality, page = parsed
         if problem := doc_problem(doc_id, self.documents):
             return wire.error_item(problem, contract.UNKNOWN_DOCUMENT)
-        if problem := page_problem(doc_id, page, self.documents):
+        if problem := page_problem(doc_id, parsed[1], self.documents):
             return wire.error_item(problem, contract.PAGE_OUT_OF_RANGE)
+        return parsed
+
+    def _fetch_node(self, plan: tuple[str, int] | dict, doc_id: str, form: str) -> wire.Node:
+        if isinstance(plan, dict):
+            return plan
+        modality, page = plan
         spec_id = contract.fetch_spec(modality, page)
         try:
             if modality == "text":
@@ -121,5 +139,14 @@ class RetrieverService:
     def batch_fetch(self, specs: list[str], ids: list[str] | str,
                     form: str = contract.JSON) -> bytes:
         doc_ids = self.doc_ids_for(ids, len(specs))
-        return wire.render([self._fetch_node(spec, doc_id, form)
-                            for spec, doc_id in zip(specs, doc_ids, strict=True)], form)
+        plans = [self._fetch_plan(spec, doc_id)
+                 for spec, doc_id in zip(specs, doc_ids, strict=True)]
+        images = [(doc_id, plan[1]) for plan, doc_id in zip(plans, doc_ids, strict=True)
+                  if not isinstance(plan, dict) and plan[0] == "image"]
+        self.budget.check_fetch(images, form)
+        tree = [self._fetch_node(plan, doc_id, form)
+                for plan, doc_id in zip(plans, doc_ids, strict=True)]
+        return self.budget.check_rendered(
+            wire.render(tree, form), form,
+            lambda size: answer_size.fetch_advice(max(len(images), 1), size,
+                                                  self.budget.max_bytes))

@@ -94,6 +94,11 @@ class PageStore:
     def page_text(self, doc_id: str, page: int) -> str:
         return self.entry(doc_id, page).text
 
+    def image_sizes(self, doc_id: str) -> list[int]:
+        """Bytes of each page's JPEG, page 1 first (as ``page_image`` will read them)."""
+        start, stop = self.doc_rows(doc_id)
+        return [entry.bytes for entry in self.manifest.pages[start:stop]]
+
     def page_image(self, doc_id: str, page: int) -> PageImage:
         entry = self.entry(doc_id, page)
         try:

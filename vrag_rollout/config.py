@@ -14,6 +14,7 @@ DEFAULT_PAGE_MAX_TOKENS = 512
 POSITION_LAYOUTS = ("auto", "4", "3")
 ACTION_FORMATS = ("tags", "tool_call")
 ROLLOUT_MODES = ("sync", "continuous")
+PREFLIGHT_MODES = ("fail", "warn", "off")  # retriever_preflight (rollout/agent.py, retrieval/preflight.py)
 
 
 @dataclass
@@ -48,8 +49,10 @@ class AgentRolloutConfig:
     trust_remote_code: bool = False
 
     # --- engine construction (not in EasyR1's config; EasyR1 hard-codes these) ---
-    # "dummy": weights arrive from the trainer's actor; "auto": load them from model_path.
-    load_format: str = "dummy"
+    # "auto" (default): load the weights from model_path. "dummy": random weights, for a trainer
+    # that syncs its actor's weights into the engine before the first rollout. (EasyR1 builds its
+    # own engine that way and passes it in; this field is then unused.)
+    load_format: str = "auto"
     enable_sleep_mode: bool = True  # ignored where the platform has no sleep mode (CPU)
     # Return each sampled token's logprob under the distribution it was sampled from (vision-token
     # ban and temperature applied; README "Logprobs"). Under action_regex they are the grammar-
@@ -64,6 +67,12 @@ class AgentRolloutConfig:
     retriever_max_concurrency: int = 4
     # Replay recorded retriever traffic from this fixture file instead of calling retriever_url.
     retriever_fixtures: Optional[str] = None
+    # Before sampling a batch: is the retriever reachable, and does it serve every doc_id of the
+    # batch? "fail" refuses the batch with a message naming the fix, "warn" logs it once per
+    # problem and goes on, "off" skips the check.
+    retriever_preflight: str = "fail"
+    # A warning when more than this fraction of a batch's retriever items failed.
+    retriever_failure_warn_rate: float = 0.25
     top_n: int = 2
     max_turns: int = 4
     # Pixel band result pages are resized into; None: DEFAULT_PAGE_MIN/MAX_TOKENS visual tokens
@@ -123,6 +132,10 @@ class AgentRolloutConfig:
                 f"max_model_len {self.max_model_len} < prompt_length + response_length = {budget}: vLLM would "
                 "reject a long episode mid-batch"
             )
+        if self.retriever_preflight not in PREFLIGHT_MODES:
+            problems.append(f"retriever_preflight must be one of {PREFLIGHT_MODES}, got {self.retriever_preflight!r}")
+        if not 0 <= self.retriever_failure_warn_rate <= 1:
+            problems.append(f"retriever_failure_warn_rate must be within 0..1, got {self.retriever_failure_warn_rate}")
         if self.retriever_retries < 0 or self.retriever_timeout <= 0:
             problems.append("retriever_retries must be >= 0 and retriever_timeout > 0")
         if problems:

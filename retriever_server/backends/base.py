@@ -14,7 +14,7 @@ wire format or the client changes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -59,6 +59,11 @@ class Backend(ABC):
         """Optional extra fields of a page for answers (``role``, ``headings``); none by default."""
         return {}
 
+    def image_sizes(self, doc_id: str) -> Sequence[int] | None:
+        """Optional: the bytes of each page's image (page 1 first), which bound an answer's size
+        before searching (``answer_size``); None (the default): answers are measured instead."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook, deliberately not abstract
         """Release resources (a client connection, mmaps). Optional."""
 
@@ -72,6 +77,9 @@ class StoreBackend(Backend, ABC):
     def page_info(self, doc_id: str, page: int) -> dict:
         entry = self.store.entry(doc_id, page)
         return {"role": entry.role, "headings": list(entry.headings)}
+
+    def image_sizes(self, doc_id: str) -> Sequence[int] | None:
+        return self.store.image_sizes(doc_id)
 
     def page_image(self, doc_id: str, page: int) -> PageImage:
         return self.store.page_image(doc_id, page)

@@ -60,6 +60,9 @@ class HybridBackend(Backend):
     def page_image(self, doc_id: str, page: int) -> PageImage:
         return self.lexical.page_image(doc_id, page)
 
+    def image_sizes(self, doc_id: str) -> Sequence[int] | None:
+        return self.lexical.image_sizes(doc_id)
+
     def page_text(self, doc_id: str, page: int) -> str:
         return self.lexical.page_text(doc_id, page)
 

@@ -48,8 +48,10 @@ def assert_images_whole(output, processor):
 
 
 def test_retriever_down_gives_error_observations(tiny_model_dir, tiny_processor, tiny_llm):
+    """Down from the start, with the preflight off (it would refuse the batch: test_preflight.py),
+    as a retriever that dies after the preflight looks to the episodes."""
     client = RetrieverClient(f"http://127.0.0.1:{closed_port()}", timeout=1.0, retries=1, backoff=0.01)
-    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=2, max_turns=3)
+    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=2, max_turns=3, retriever_preflight="off")
     output = agent.generate_sequences(prompt_batch(tiny_processor, sample_prompts(4, with_images=False), agent))
     metrics = output.meta_info["metrics"]
     tool_calls = metrics["rollout/searches"] + metrics["rollout/fetches"]

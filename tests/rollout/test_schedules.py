@@ -207,7 +207,8 @@ def test_a_synchronized_call_refuses_an_engine_holding_requests_of_someone_else(
     not add would be paired with one of its samples. The call refuses instead."""
     from vllm import SamplingParams
 
-    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, None, n=1, rollout_mode="sync")
+    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, None, n=1, rollout_mode="sync",
+                       retriever_preflight="off")  # no retriever runs: the engine must refuse first
     engine = tiny_llm.llm_engine
     engine.add_request("someone-else", {"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=4, seed=1))
     try:

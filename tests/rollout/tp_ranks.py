@@ -105,8 +105,11 @@ def run_rank(rank: int, port: int, model_dir: str, out_path: str) -> None:
                 engine = ScriptedEngine(processor.tokenizer, sorted(SAMPLE_FACTS))
                 client = RetrieverClient(None, transport=transport, retries=0)
                 # One TP group of two ranks: one data-parallel rank, so both ranks derive the same seeds.
+                # Synced, rank 1 (its retriever down) takes rank 0's preflight verdict and passes
+                # it; unsynced it would refuse its own batch, so the check is off there.
                 config = demo_config(**demo_page_band(processor), n=2, max_turns=4, rollout_mode=mode,
-                                     action_regex=None, tensor_parallel_size=2)
+                                     action_regex=None, tensor_parallel_size=2,
+                                     retriever_preflight="fail" if synced else "off")
                 agent = vLLMRolloutAgent(model_dir, config, processor.tokenizer, processor, inference_engine=engine,
                                          retriever=client,
                                          group_sync=GroupSync(dist.group.WORLD, 0) if synced else LocalSync())

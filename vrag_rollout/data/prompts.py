@@ -1,5 +1,11 @@
 """Prompt batches as an EasyR1-style dataset builds them (for the demo, tests and standalone use).
 
+`build_prompts(samples, tokenizer=, processor=, config=)` is the public entry: questions (with
+optional prompt images) to the batch `vLLMRolloutAgent.generate_sequences` takes, for the
+config's action format (the native format's prompts carry the tool schemas, rendered with
+`config.chat_template` when set, and its instructions), `prompt_length`, `doc_id_key` and
+position layout. `build_prompt_batch` is the lower-level builder under it.
+
 Each prompt is rendered with the chat template, its images expanded to their processor grids in
 `input_ids` (left-padded to `prompt_length`), with `raw_prompt_ids` holding one pad per image as
 the engine wants, and mrope position ids in the (bs, 4, P) layout: the text row, then mrope.
@@ -104,6 +110,28 @@ def build_prompt_batch(
         non_tensors["multi_modal_data"] = object_array(mm_data)
     meta = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": pad_id, **(meta_info or {})}
     return proto_cls.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta)
+
+
+def build_prompts(samples: Sequence[PromptSample], *, tokenizer: Any, processor: Any, config: Any) -> DataProto:
+    """The prompt batch of `samples` for `config` (an `AgentRolloutConfig`; see the module docstring).
+
+    A sample that keeps the default instructions (`AGENT_INSTRUCTIONS`, the tags format's) is
+    given `TOOL_CALL_INSTRUCTIONS` in the native format; other instructions are used as they are."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from ..core.tool_turns import TOOLS
+
+    if not samples:
+        raise ValueError("build_prompts: no samples")
+    tool_call = config.action_format == "tool_call"
+    if tool_call:
+        samples = [replace(sample, instructions=TOOL_CALL_INSTRUCTIONS)
+                   if sample.instructions == AGENT_INSTRUCTIONS else sample for sample in samples]
+    template = Path(config.chat_template).read_text(encoding="utf-8") if tool_call and config.chat_template else None
+    return build_prompt_batch(tokenizer, processor, samples, config.prompt_length, doc_id_key=config.doc_id_key,
+                              position_rows=3 if config.position_ids_layout == "3" else 4,
+                              tools=TOOLS if tool_call else None, chat_template=template)
 
 
 def _expand_pads(ids: Sequence[int], grids: Sequence[tuple[int, int, int]], image_pad: int, merge: int) -> list[int]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..config import AgentRolloutConfig
-from ..data.prompts import PromptSample, build_prompt_batch
+from ..data.prompts import PromptSample, build_prompts
 
 # The tiny model is random: a grammar makes vLLM's own sampling write well-formed actions.
 # Queries come from a closed list so recorded retriever fixtures cover every possible call.
@@ -68,21 +68,9 @@ def prepare_index(work_dir: Path) -> Path:
     return index_dir
 
 
-def demo_prompts(tokenizer: Any, processor: Any, samples: list[PromptSample], config: AgentRolloutConfig,
-                 **kwargs: Any) -> Any:
-    """The prompt batch for `config`'s action format: the native format's prompts carry the tool
-    schemas and its own instructions."""
-    if config.action_format != "tool_call":
-        return build_prompt_batch(tokenizer, processor, samples, config.prompt_length, **kwargs)
-    from ..data.prompts import AGENT_INSTRUCTIONS, TOOL_CALL_INSTRUCTIONS
-    from ..core.tool_turns import TOOLS
-
-    for sample in samples:  # the tags format's default instructions become the native format's
-        if sample.instructions == AGENT_INSTRUCTIONS:
-            sample.instructions = TOOL_CALL_INSTRUCTIONS
-    template = Path(config.chat_template).read_text(encoding="utf-8") if config.chat_template else None
-    return build_prompt_batch(tokenizer, processor, samples, config.prompt_length, tools=TOOLS,
-                              chat_template=template, **kwargs)
+def demo_prompts(tokenizer: Any, processor: Any, samples: list[PromptSample], config: AgentRolloutConfig) -> Any:
+    """The prompt batch for `config`'s action format (`data.prompts.build_prompts`)."""
+    return build_prompts(samples, tokenizer=tokenizer, processor=processor, config=config)
 
 
 def demo_questions() -> list[PromptSample]:
@@ -142,6 +130,7 @@ def demo_config(**overrides: Any) -> AgentRolloutConfig:
         top_n=DEMO_TOP_N,
         max_num_batched_tokens=4096,
         action_regex=action_regex(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE),
+        calculate_log_probs=True,  # the saved batch carries rollout_log_probs: `check --forward` reads them
     )
     if overrides.get("action_format") == "tool_call":
         base["action_regex"] = tool_call_regex(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE)

@@ -14,4 +14,5 @@ cycle: `client` may import any module here, and none of them imports `client` ex
 - `forking`: fork safety: what each forked child must replace, and what it must keep.
 - `client`: `RetrieverClient` (chunking, concurrency, fail-over, deadlines), re-exporting the public names above.
 - `fixtures`: recording and replaying retriever traffic.
+- `preflight`: before a rollout, is the retriever reachable and does it serve the batch's documents; the failure-rate warning.
 """

@@ -210,6 +210,13 @@ class RetrieverClient:
         """True when at least one replica answers /health (one try each)."""
         return self._loop.run(self._health(), len(self.transports) * (self.timeout + SLACK_S) + SLACK_S)
 
+    def documents(self) -> Optional[dict[str, int]]:
+        """{doc_id: num_pages} the retriever serves (GET /documents, first replica that answers);
+        None when the replica that answers cannot list them (recorded fixtures, a server without
+        the route or with an answer not in the contract's shape).
+        Raises `TransportError` when no replica answers at all."""
+        return self._loop.run(self._documents(), len(self.transports) * (self.timeout + SLACK_S) + SLACK_S)
+
     def close(self) -> None:
         """Calls in flight raise RuntimeError at once, as later calls do. From any thread."""
         self._closer()  # once: later calls do nothing
@@ -222,19 +229,37 @@ class RetrieverClient:
 
     # -- internals
 
+    async def _get(self, transport: Any, path: str) -> Any:
+        if hasattr(transport, "get_async"):
+            probe = transport.get_async(path, self.timeout)
+        else:
+            probe = asyncio.get_running_loop().run_in_executor(self._pool, transport.get, path, self.timeout)
+        return await asyncio.wait_for(probe, self.timeout + SLACK_S)
+
     async def _health(self) -> bool:
         for transport in self.transports:
             try:
-                if hasattr(transport, "get_async"):
-                    probe = transport.get_async("/health", self.timeout)
-                else:
-                    probe = asyncio.get_running_loop().run_in_executor(
-                        self._pool, transport.get, "/health", self.timeout)
-                await asyncio.wait_for(probe, self.timeout + SLACK_S)
+                await self._get(transport, "/health")
             except (TransportError, asyncio.TimeoutError):
                 continue
             return True
         return False
+
+    async def _documents(self) -> Optional[dict[str, int]]:
+        last: Optional[BaseException] = None
+        for transport in self.transports:
+            try:
+                listing = await self._get(transport, "/documents")
+            except TransportHTTPError:
+                return None  # it answered, without the route: an older server or a replay
+            except (TransportError, asyncio.TimeoutError) as error:
+                last = error
+                continue
+            try:
+                return {str(doc["doc_id"]): int(doc["num_pages"]) for doc in listing["documents"]}
+            except (TypeError, KeyError, ValueError):
+                return None  # it answered, but no listing it can read: as good as no route
+        raise last if isinstance(last, TransportError) else TransportTimeout("retriever unreachable")
 
     def _run(self, n: int, chunk: Callable[[int, int], tuple]) -> list:
         bounds = [(lo, min(lo + self.max_batch, n)) for lo in range(0, n, self.max_batch)]

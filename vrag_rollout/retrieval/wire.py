@@ -68,7 +68,9 @@ def _page_of(item: dict, page_id: str) -> int | None:
 def _item_failure(item: dict) -> RetrieverFailure:
     """An error item: the asker's mistake when its code says so, else a server fault."""
     code = item.get("code")  # a string when sent; anything else is a server fault too
-    kind = "request" if isinstance(code, str) and code in contract.REQUEST_CODES else "server"
+    # An unknown document is the asker's mistake too (the dataset names a document the index lacks).
+    asker = contract.REQUEST_CODES | {contract.UNKNOWN_DOCUMENT}
+    kind = "request" if isinstance(code, str) and code in asker else "server"
     return RetrieverFailure(kind, item["contents"])
 
 

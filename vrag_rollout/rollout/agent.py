@@ -8,6 +8,7 @@ protocol); what differs per action format is the rollout's format object (`forma
 
 from __future__ import annotations
 
+import logging
 import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
@@ -32,6 +33,8 @@ from ..families import detect_family
 from ..protocol import object_array
 from .formats import FORMATS
 from .schedules import ScheduleClock, call_within, run_continuous, run_turn_synchronized
+
+logger = logging.getLogger(__name__)
 
 
 # Seconds a tool batch may take beyond the retriever's own deadline: decoding and resizing its
@@ -268,6 +271,16 @@ class vLLMRolloutAgent(vLLMRollout):
         self.observer = Observer(self.observations, self.band)
         self.format = format_class(self.config, self.tokenizer)
         self.sampling.banned.extend(self.format.banned_token_ids)
+        self.documents_confirmed: set = set()  # documents the retriever was seen to serve
+
+    def generate_sequences(self, prompts: Any) -> Any:
+        from ..retrieval.preflight import failure_rate_warning
+
+        output = super().generate_sequences(prompts)
+        warning = failure_rate_warning(output.meta_info["metrics"], self.config.retriever_failure_warn_rate)
+        if warning is not None:
+            logger.warning("%s", warning)
+        return output
 
     def after_generation(self, episode: Episode, output: Any, turn: int) -> Any:
         return self.format.after_generation(episode, output, last_turn=turn == self.max_turns - 1,
@@ -305,7 +318,19 @@ class vLLMRolloutAgent(vLLMRollout):
         episodes = super()._episodes(prompts, n)
         # Decoding is the format's business: only the one that checks prompts pays for it.
         self.format.check_prompts([episode.prompt_engine_ids for episode in episodes[::n]], self.tokenizer)
+        self._preflight(self._doc_ids(prompts))
         return episodes
+
+    def _preflight(self, doc_ids: list[Optional[str]]) -> None:
+        """Refuse (or warn about) a batch the retriever cannot serve, before any sampling. The
+        source rank asks; every rank of a tensor-parallel group gets its answer."""
+        from ..retrieval.preflight import enforce, preflight_problem
+
+        mode = self.config.retriever_preflight
+        if mode == "off":
+            return
+        problem = self.sync.share(lambda: preflight_problem(self.retriever, doc_ids, self.documents_confirmed))
+        enforce(problem, mode, logger)
 
     def _doc_ids(self, prompts: Any) -> list[Optional[str]]:
         key = self.config.doc_id_key

@@ -1,0 +1,134 @@
+"""The cap on an answer's size (``Limits.max_answer_bytes``), enforced before the work is done.
+
+An answer is mostly page images, whose sizes the index records (``Backend.image_sizes``), so
+the largest answer a request can produce is known from the request alone: for each query
+searched, its document's ``top_n`` largest pages (all of them when it has fewer: search answers
+``min(top_n, pages)`` hits); for each image fetch, that page. In the negotiated form: JSON
+carries base64 (4 bytes per 3), MessagePack the JPEG bytes. `AnswerBudget` refuses a request
+whose bound is over the limit (`AnswerTooLarge`, a 413 saying how to stay under it) before any
+search or page read. Items the service answers with an error item are not searched, not counted.
+
+The bound counts each page item's other fields (id, doc_id, page, mime, role, headings) as
+`ITEM_ALLOWANCE` bytes, and a backend may not know its sizes, so the rendered answer is
+measured too (`check_rendered`): an answer over the limit is refused whole, never cut short.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from itertools import accumulate
+
+from . import contract
+from .backends.base import Backend
+
+ITEM_ALLOWANCE = 512  # bytes of a page item besides its image (a few headings, the framing)
+LIMIT_OPTION = "--max-answer-mib"  # ``vrag-retriever serve``'s option that sets the limit
+MIB = 2**20
+
+
+class AnswerTooLarge(ValueError):
+    """The answer would be (or is) over the server's limit; the message says how to fit."""
+
+
+def _size(nbytes: int) -> str:
+    if nbytes < MIB:
+        return f"{nbytes:,} bytes"
+    return f"{nbytes / MIB:,.1f}".removesuffix(".0") + " MiB"
+
+
+def _form_name(form: str) -> str:
+    return "MessagePack" if form == contract.MSGPACK else "JSON"
+
+
+def _image_bytes(nbytes: int, count: int, form: str) -> int:
+    """Bytes of ``count`` images of ``nbytes`` JPEG bytes in all, as the answer carries them."""
+    if form == contract.JSON:
+        nbytes = (4 * nbytes + 8 * count) // 3  # base64: 4 per 3, each image padded
+    return nbytes + count * ITEM_ALLOWANCE
+
+
+class AnswerBudget:
+    def __init__(self, backend: Backend, max_bytes: int):
+        self.backend, self.max_bytes = backend, max_bytes
+        # Per doc_id, filled on first use (a race computes the same lists twice, harmlessly):
+        # each page's image bytes, and [bytes of its largest page, of its 2 largest, ...].
+        # None: the backend does not know.
+        self._sizes: dict[str, Sequence[int] | None] = {}
+        self._largest: dict[str, list[int] | None] = {}
+
+    def _page_sizes(self, doc_id: str) -> Sequence[int] | None:
+        if doc_id not in self._sizes:
+            self._sizes[doc_id] = self.backend.image_sizes(doc_id)
+        return self._sizes[doc_id]
+
+    def _largest_first(self, doc_id: str) -> list[int] | None:
+        if doc_id not in self._largest:
+            sizes = self._page_sizes(doc_id)
+            self._largest[doc_id] = (None if sizes is None
+                                     else list(accumulate(sorted(sizes, reverse=True))))
+        return self._largest[doc_id]
+
+    def check_search(self, doc_ids: Sequence[str], top_n: int, form: str) -> None:
+        """Refuse searching ``doc_ids`` (one per query that will be searched) at ``top_n`` if the
+        answer could go over the limit."""
+        nbytes = images = 0
+        for doc_id in doc_ids:
+            largest = self._largest_first(doc_id)
+            if largest is None:
+                return  # unknown sizes: measured once rendered
+            k = min(top_n, len(largest))
+            if k:
+                nbytes, images = nbytes + largest[k - 1], images + k
+        bound = _image_bytes(nbytes, images, form)
+        if bound > self.max_bytes:
+            raise self._refusal(f"would hold up to {images:,} page images, up to "
+                                f"{_size(bound)}", form, search_advice(len(doc_ids), top_n,
+                                                                          bound, self.max_bytes))
+
+    def check_fetch(self, pages: Sequence[tuple[str, int]], form: str) -> None:
+        """Refuse fetching the images of ``pages`` ((doc_id, 1-based page), in range) if the
+        answer could go over the limit."""
+        nbytes = 0
+        for doc_id, page in pages:
+            sizes = self._page_sizes(doc_id)
+            if sizes is None:
+                return
+            nbytes += sizes[page - 1]
+        bound = _image_bytes(nbytes, len(pages), form)
+        if bound > self.max_bytes:
+            raise self._refusal(f"would hold {len(pages):,} page images, up to {_size(bound)}",
+                                form, fetch_advice(len(pages), bound, self.max_bytes))
+
+    def check_rendered(self, data: bytes, form: str, advice: Callable[[int], str]) -> bytes:
+        """``data`` if within the limit; else `AnswerTooLarge` (``advice(size)`` says what to ask
+        for instead)."""
+        if len(data) > self.max_bytes:
+            measured = f"is {len(data):,} bytes" + (f" ({_size(len(data))})"
+                                                    if len(data) >= MIB else "")
+            raise self._refusal(measured, form, advice(len(data)))
+        return data
+
+    def _refusal(self, what: str, form: str, advice: str) -> AnswerTooLarge:
+        smaller = (f" MessagePack answers ('accept: {contract.MSGPACK}') are a quarter smaller."
+                   if form == contract.JSON else "")
+        return AnswerTooLarge(f"this answer {what} as {_form_name(form)}; the limit is "
+                              f"{_size(self.max_bytes)} per answer (the server's "
+                              f"{LIMIT_OPTION}). {advice}.{smaller}")
+
+
+def _fits(count: int, size: int, limit: int) -> int:
+    """How many of ``count`` items of ``size`` bytes in all fit in ``limit`` (about)."""
+    return int(limit / (size / count)) if count and size else 0
+
+
+def search_advice(queries: int, top_n: int, size: int, limit: int) -> str:
+    fit = _fits(queries, size, limit)
+    if fit == 0:
+        return f"One query at top_n={top_n} is over it: ask for a smaller top_n"
+    return (f"Send fewer queries per request (at most about {fit:,} at top_n={top_n}) or ask "
+            f"for a smaller top_n")
+
+
+def fetch_advice(pages: int, size: int, limit: int) -> str:
+    fit = _fits(pages, size, limit)
+    return f"Fetch fewer pages per request (at most about {max(fit, 1):,})"
