@@ -6,28 +6,41 @@
 #
 #   INDEX_DIR     built with `vrag-retriever index PDFS --out INDEX_DIR`
 #   CONFIG_YAML   default examples/easyr1_vrag.yaml; overrides as in `python -m verl.trainer.main`
-# Environment: RETRIEVER_PORT (8002), RETRIEVER_WORKERS (2), PYTHON (python),
-#              READY_TIMEOUT seconds to wait for the retriever (120).
+# Environment: RETRIEVER_PORT (8002), RETRIEVER_WORKERS (2), READY_TIMEOUT seconds to wait for
+#              the retriever (120), PYTHON (default: the project's .venv/bin/python).
 # The data files the yaml names come from `vrag-rollout convert-dataset` (docs/easyr1.md).
+# Runs from any directory: INDEX_DIR and CONFIG_YAML are taken from where you are (the default
+# config from the repository), and the trainer runs in the repository root, where the config's
+# relative paths (data files, reward function) and relative data.* overrides are resolved.
+# Before anything starts it checks EasyR1, the config, its data files and the index.
 # With several nodes, run the retriever where every node reaches it and pass
 # worker.rollout.retriever_url=... instead of using this script's local one.
 set -euo pipefail
 
 if [ $# -lt 1 ]; then
-    sed -n '2,13p' "$0" >&2
+    sed -n '2,19p' "$0" >&2
     exit 2
 fi
-index=$1
+repo=$(cd "$(dirname "$0")/.." && pwd)
+absolute() { case $1 in /*) printf '%s\n' "$1" ;; *) printf '%s/%s\n' "$PWD" "$1" ;; esac; }
+index=$(absolute "$1")
 shift
-config=examples/easyr1_vrag.yaml
+config=$repo/examples/easyr1_vrag.yaml
 if [ $# -gt 0 ] && [ "${1#*=}" = "$1" ]; then
-    config=$1
+    config=$(absolute "$1")
     shift
 fi
 port=${RETRIEVER_PORT:-8002}
-python=${PYTHON:-python}
-[ -f "$index/manifest.json" ] || { echo "train_easyr1.sh: $index is not a retriever index (no manifest.json)" >&2; exit 2; }
-[ -f "$config" ] || { echo "train_easyr1.sh: no config $config" >&2; exit 2; }
+if [ -n "${PYTHON:-}" ]; then
+    python=$PYTHON
+elif [ -x "$repo/.venv/bin/python" ]; then
+    python=$repo/.venv/bin/python
+else
+    echo "train_easyr1.sh: no $repo/.venv (run scripts/setup.sh, or set PYTHON)" >&2
+    exit 2
+fi
+cd "$repo"
+"$python" -m vrag_rollout.integrations.easyr1.preflight "$config" "$index" "$@" || exit 2
 
 "$python" -m retriever_server.cli serve --index "$index" --host 127.0.0.1 --port "$port" \
     --workers "${RETRIEVER_WORKERS:-2}" &

@@ -60,10 +60,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                        help="serve this retriever index (vrag-retriever index) instead of the sample corpus's")
 
     record = commands.add_parser(
-        "record-fixtures", help="record every retriever call the demo can make from a live server, for replay"
+        "record-fixtures", help="record every retriever call the demo (or, with --data, a converted dataset) can "
+                                "make from a live server, for replay"
     )
     record.add_argument("--out", type=Path, required=True)
-    record.add_argument("--retriever-url", default=None, help="default: the embedded server on the sample corpus")
+    record.add_argument("--retriever-url", default=None,
+                        help="default: the embedded server on the sample corpus (with --data: on --index)")
+    record.add_argument("--data", type=Path, default=None,
+                        help="a parquet from convert-dataset: record fetches of every page of its documents, and "
+                             "the --queries searches, instead of the demo's calls (vrag_rollout.data.fixture_calls)")
+    record.add_argument("--index", type=Path, default=None,
+                        help="with --data: the retriever index (page counts; served for the recording unless "
+                             "--retriever-url)")
+    record.add_argument("--queries", type=Path, default=None,
+                        help="with --data: search queries, one per line, recorded in every dataset document")
+    record.add_argument("--top-n", type=int, default=None,
+                        help="with --data: the replaying run's top_n (searches are keyed by it; default: the "
+                             "rollout config's)")
 
     build = commands.add_parser("build-tiny-model", help="build a tiny offline model of a family (demo and tests)")
     build.add_argument("out_dir", type=Path, nargs="?", default=None, help="default: the cache the demo uses")
@@ -73,7 +86,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "check", help="verify a saved rollout batch (or a pickled trainer DataProto) against the model's own code"
     )
     check.add_argument("file", type=Path)
-    check.add_argument("--model", required=True, help="the model directory (its config, processor and weights)")
+    check.add_argument("--model", default=None,
+                       help="the model directory (its config, processor and weights); default: the one the batch "
+                            "records")
     check.add_argument("--forward", action="store_true", help="also compare rollout logprobs with a forward pass")
     check.add_argument("--forward-tolerance", type=float, default=1e-3, help="largest logprob gap that passes")
 
@@ -82,25 +97,37 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     view.add_argument("-o", "--out", type=Path, required=True, help="the HTML file to write")
     view.add_argument("--model", default=None,
                       help="decode with this model's tokenizer (default: the batch's own token texts)")
+    view.add_argument("--truths", type=Path, default=None,
+                      help="ground truths for a batch without a ground_truth column, matched by question: a "
+                           "convert-dataset parquet or a JSON object {question: answer or {answer, doc_id, gold_pages}}")
 
     convert = commands.add_parser(
         "convert-dataset", help="VRAG-style document-QA JSON -> the EasyR1 trainer's parquet (vrag_rollout.data.dataset)"
     )
-    convert.add_argument("source", type=Path, help="JSON array or JSON Lines of questions")
+    convert.add_argument("source", type=Path, help='JSON array, {"data": [...]} or JSON Lines of questions')
     convert.add_argument("--out", type=Path, required=True, help="the parquet file to write")
     convert.add_argument("--index", type=Path, default=None,
-                         help="a retriever index directory: report questions whose document it lacks")
+                         help="a retriever index directory: report questions whose document it lacks and "
+                              "check gold pages against its page counts")
     convert.add_argument("--report", type=Path, default=None, help="also write the report as JSON here")
     convert.add_argument("--page-base", type=int, choices=[0, 1], default=1,
                          help="first page number in the source's reference_page (written 1-based)")
     convert.add_argument("--drop-missing", action="store_true",
-                         help="leave out (and report) questions whose document is not in --index")
+                         help="leave out (and report) questions whose document is not in --index or whose gold "
+                              "pages pass its end (without it, such a page stops the conversion)")
     convert.add_argument("--action-format", choices=["tags", "tool_call"], default="tags",
                          help="the instructions written into each prompt (match worker.rollout.action_format)")
 
     args = parser.parse_args(argv)
     # vLLM's CPU worker logs a warning on every generate call; keep the demo's output readable.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    if args.command in ("demo", "learn") and args.model is not None:
+        from .devkit.demo import demo_model
+
+        try:  # a usage error, not a traceback, for a model directory that cannot be run
+            demo_model(args.family, args.model)
+        except (FileNotFoundError, ValueError) as error:
+            parser.error(f"{args.command}: {error}")
     if args.command == "demo":
         from .devkit.demo import run_demo
 
@@ -134,6 +161,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   **sources)
         return 0
     if args.command == "record-fixtures":
+        if args.data is not None:
+            if args.index is None and args.retriever_url is None:
+                parser.error("record-fixtures --data needs --index (served for the recording) or --retriever-url")
+            from .data.fixture_calls import record_dataset_command
+
+            return record_dataset_command(args.data, args.out, queries=args.queries, retriever_url=args.retriever_url,
+                                          index_dir=args.index, top_n=args.top_n)
+        given = [flag for flag, value in (("--index", args.index), ("--queries", args.queries),
+                                          ("--top-n", args.top_n)) if value is not None]
+        if given:
+            parser.error(f"record-fixtures {' '.join(given)}: only with --data (the demo's calls are fixed)")
         from .devkit.demo import record_demo_fixtures
 
         print(record_demo_fixtures(args.out, args.retriever_url))
@@ -150,7 +188,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "view":
         from .verify.view import main as view_main
 
-        return view_main(args.file, args.out, model_dir=args.model)
+        return view_main(args.file, args.out, model_dir=args.model, truths=args.truths)
     if args.command == "convert-dataset":
         from .data.dataset import convert_dataset_command
 

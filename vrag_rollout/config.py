@@ -99,6 +99,8 @@ class AgentRolloutConfig:
     # Optional regex that constrains each turn (vLLM structured outputs), e.g. for tiny policies.
     # It also changes the rollout logprobs: vLLM masks the logits before computing them.
     action_regex: Optional[str] = None
+    # The grammar of an episode's first turn instead of action_regex (e.g. "search or fetch first").
+    first_turn_action_regex: Optional[str] = None
 
     def __post_init__(self) -> None:
         self.fetch_modes = tuple(self.fetch_modes)

@@ -89,12 +89,12 @@ def test_json_array_errors_name_the_item(tmp_path):
 
 
 def test_index_report_keeps_or_drops_and_lists_every_missing_question(tmp_path):
-    index = make_index(tmp_path, {"report": 4})
+    index = make_index(tmp_path, {"report": 5})
     src = write_jsonl(tmp_path / "qa.jsonl", [question("a"), question("b", "other.pdf"), question("c", pages=[2])])
     report = dataset.convert_dataset(src, tmp_path / "keep.parquet", index_dir=index)
     assert [m["question_id"] for m in report.missing_documents] == ["b"]
     assert report.missing_documents[0]["where"] == "line 2"
-    assert report.pages_out_of_range == [{"question_id": "a", "doc_id": "report", "pages": [3, 5], "num_pages": 4}]
+    assert report.pages_out_of_range == []
     assert pq.read_table(tmp_path / "keep.parquet").num_rows == 3 and report.dropped == []
 
     report = dataset.convert_dataset(src, tmp_path / "drop.parquet", index_dir=index, drop_missing=True)
@@ -153,3 +153,145 @@ def test_read_questions_refuses_a_file_that_is_not_a_converted_dataset(tmp_path)
     pq.write_table(pa.table({"prompt": ["p\nQuestion: q"], "answer": ["{oops"], "doc_id": ["d"]}), tmp_path / "bad.parquet")
     with pytest.raises(dataset.DatasetError, match="row 1: field 'answer': not JSON"):
         dataset.read_questions(tmp_path / "bad.parquet")
+
+
+# --- issue 24, item 10: what a new user hits first
+
+
+def test_a_json_object_file_is_named_and_the_data_wrapper_is_accepted(tmp_path, capsys):
+    wrapped = {"version": "1.0", "data": [question("a"), question("b", "b.pdf", [2])]}
+    for name, text in (("pretty.json", json.dumps(wrapped, indent=2)), ("flat.json", json.dumps(wrapped))):
+        (tmp_path / name).write_text(text)
+        dataset.convert_dataset(tmp_path / name, tmp_path / "t.parquet")
+        assert pq.read_table(tmp_path / "t.parquet").to_pydict()["question_id"] == ["a", "b"]
+    # errors inside the wrapper name the item, as in an array
+    (tmp_path / "bad.json").write_text(json.dumps({"data": [question("a"), {"uid": "c"}]}, indent=2))
+    with pytest.raises(dataset.DatasetError, match=r"item 2: field 'query'"):
+        dataset.convert_dataset(tmp_path / "bad.json", tmp_path / "t.parquet")
+    # any other object: say what it is and what is expected, not "not valid JSON"
+    (tmp_path / "other.json").write_text(json.dumps({"questions": [question("a")], "split": "train"}, indent=2))
+    with pytest.raises(dataset.DatasetError) as caught:
+        dataset.convert_dataset(tmp_path / "other.json", tmp_path / "o.parquet")
+    message = str(caught.value)
+    assert "one JSON object" in message and "'questions'" in message and "not valid JSON" not in message
+    assert "JSON array of questions" in message and "JSON Lines" in message and '{"data": [...]}' in message
+    assert not (tmp_path / "o.parquet").exists()
+    (tmp_path / "flat_other.json").write_text(json.dumps({"questions": [question("a")]}))
+    with pytest.raises(dataset.DatasetError, match=r"line 1: field '<json>': the file is one JSON object"):
+        dataset.convert_dataset(tmp_path / "flat_other.json", tmp_path / "o.parquet")
+    # a one-line file holding one question is still JSON Lines of one row
+    write_jsonl(tmp_path / "one.jsonl", [question("solo")])
+    dataset.convert_dataset(tmp_path / "one.jsonl", tmp_path / "t.parquet")
+    assert pq.read_table(tmp_path / "t.parquet").to_pydict()["question_id"] == ["solo"]
+    # a pretty-printed question is one object too: the error says one question per line
+    (tmp_path / "q.json").write_text(json.dumps(question("q"), indent=2))
+    with pytest.raises(dataset.DatasetError, match="one question object per line"):
+        dataset.convert_dataset(tmp_path / "q.json", tmp_path / "t.parquet")
+
+
+@pytest.mark.parametrize("text", ["", "\n \n", "[]", '{"data": []}'])
+def test_an_empty_input_is_refused_and_nothing_is_written(tmp_path, capsys, text):
+    src = tmp_path / "qa.json"
+    src.write_text(text)
+    out = tmp_path / "t.parquet"
+    with pytest.raises(dataset.DatasetError, match="no questions"):
+        dataset.convert_dataset(src, out)
+    assert cli_main(["convert-dataset", str(src), "--out", str(out)]) == 2
+    assert "no questions" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_conversion_that_drops_every_question_is_refused(tmp_path, capsys):
+    index = make_index(tmp_path, {"other": 3})
+    src = write_jsonl(tmp_path / "qa.jsonl", [question("a"), question("b")])
+    with pytest.raises(dataset.DatasetError, match=r"no questions left: all 2 dropped"):
+        dataset.convert_dataset(src, tmp_path / "t.parquet", index_dir=index, drop_missing=True)
+    assert not (tmp_path / "t.parquet").exists()
+
+
+def test_numeric_answers_are_written_as_their_source_text(tmp_path):
+    rows = [question("i", answer=12), question("f", answer=3.5), question("z", answer=3.50), question("e", answer=-7)]
+    lines = [json.dumps(r) for r in rows]
+    lines[2] = lines[2].replace("3.5", "3.50")  # json.dumps would write 3.5: keep the source's own text
+    src = write_jsonl(tmp_path / "qa.jsonl", lines)
+    dataset.convert_dataset(src, tmp_path / "t.parquet")
+    answers = [json.loads(a)["answer"] for a in pq.read_table(tmp_path / "t.parquet").to_pydict()["answer"]]
+    assert answers == ["12", "3.5", "3.50", "-7"]
+    # the same in a JSON array
+    (tmp_path / "qa.json").write_text("[" + ",\n".join(lines) + "]")
+    dataset.convert_dataset(tmp_path / "qa.json", tmp_path / "t.parquet")
+    assert [json.loads(a)["answer"] for a in pq.read_table(tmp_path / "t.parquet").to_pydict()["answer"]] == answers
+
+
+@pytest.mark.parametrize("value, words", [(True, "true or false"), ([1, 2], "got a list"), ({"a": 1}, "got an object"),
+                                          (None, "got null")])
+def test_answers_that_are_not_text_or_numbers_name_line_and_field(tmp_path, value, words):
+    src = write_jsonl(tmp_path / "qa.jsonl", [question("a"), question("b", answer=value)])
+    with pytest.raises(dataset.DatasetError) as caught:
+        dataset.convert_dataset(src, tmp_path / "t.parquet")
+    assert (caught.value.where, caught.value.field) == ("line 2", "reference_answer")
+    assert words in caught.value.message
+    assert not (tmp_path / "t.parquet").exists()
+
+
+def test_gold_pages_past_the_document_end_are_refused_or_dropped(tmp_path, capsys):
+    index = make_index(tmp_path, {"report": 4})
+    src = write_jsonl(tmp_path / "qa.jsonl", [question("c", pages=[2]), question("a", pages=[3, 5])])
+    with pytest.raises(dataset.DatasetError) as caught:
+        dataset.convert_dataset(src, tmp_path / "t.parquet", index_dir=index)
+    assert (caught.value.where, caught.value.field) == ("line 2", "meta_info.reference_page.1")
+    assert "page 5" in caught.value.message and "'report'" in caught.value.message and "4 pages" in caught.value.message
+    assert not (tmp_path / "t.parquet").exists()
+    # a 0-based source names its own page number and the 1-based one it stands for
+    zero = write_jsonl(tmp_path / "zero.jsonl", [question("z", pages=[0, 4])])
+    with pytest.raises(dataset.DatasetError, match=r"page 4 \(page 5 counted from 1\)"):
+        dataset.convert_dataset(zero, tmp_path / "t.parquet", index_dir=index, page_base=0)
+    # drop_missing leaves such a question out, and lists it
+    report = dataset.convert_dataset(src, tmp_path / "t.parquet", index_dir=index, drop_missing=True)
+    assert pq.read_table(tmp_path / "t.parquet").to_pydict()["question_id"] == ["c"]
+    assert report.dropped == ["a"]
+    assert report.pages_out_of_range == [{"question_id": "a", "doc_id": "report", "pages": [3, 5], "num_pages": 4,
+                                          "where": "line 2"}]
+    assert cli_main(["convert-dataset", str(src), "--out", str(tmp_path / "t.parquet"), "--index", str(index)]) == 2
+    assert "line 2: field 'meta_info.reference_page.1'" in capsys.readouterr().err
+    assert cli_main(["convert-dataset", str(src), "--out", str(tmp_path / "t.parquet"), "--index", str(index),
+                     "--drop-missing"]) == 0
+    assert "dropped: line 2: question a: gold page(s) [5] past the end of 'report' (4 pages)" in capsys.readouterr().out
+
+
+def test_a_page_below_the_base_suggests_the_page_base(tmp_path):
+    src = write_jsonl(tmp_path / "qa.jsonl", [question("q", pages=[0, 4])])
+    with pytest.raises(dataset.DatasetError, match="--page-base 0"):
+        dataset.convert_dataset(src, tmp_path / "t.parquet")
+
+
+def test_a_bad_index_path_is_named_and_explained(tmp_path, capsys):
+    src = write_jsonl(tmp_path / "qa.jsonl", [question("a")])
+    out = tmp_path / "t.parquet"
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("x")
+    for index, words in ((tmp_path / "nowhere", "no such directory"), (tmp_path / "file", "not a directory"),
+                         (tmp_path / "empty", "no manifest.json")):
+        assert cli_main(["convert-dataset", str(src), "--out", str(out), "--index", str(index)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"convert-dataset: --index {index}: ") and words in err, err
+        assert str(src) not in err  # the source file is fine: do not blame it
+        with pytest.raises(dataset.IndexDirError, match=words):
+            dataset.index_documents(index)
+    assert "vrag-retriever index" in err
+    assert not out.exists()
+
+
+def test_a_byte_order_mark_is_read_and_other_numbers_stay_strict(tmp_path):
+    src = tmp_path / "qa.json"
+    src.write_bytes(b"\xef\xbb\xbf" + json.dumps([question("a")]).encode())  # as Windows tools save it
+    dataset.convert_dataset(src, tmp_path / "t.parquet")
+    assert pq.read_table(tmp_path / "t.parquet").num_rows == 1
+    # numbers are kept as their source text for the answer only: pages and uids stay integers
+    for row, field in (('{"uid": "a", "query": "q", "reference_answer": "r", '
+                        '"meta_info": {"file_name": "f", "reference_page": [3.0]}}', "meta_info.reference_page.0"),
+                       ('{"uid": 1.5, "query": "q", "reference_answer": "r", '
+                        '"meta_info": {"file_name": "f", "reference_page": [3]}}', "uid")):
+        with pytest.raises(dataset.DatasetError) as caught:
+            dataset.convert_dataset(write_jsonl(tmp_path / "f.jsonl", [row]), tmp_path / "t.parquet")
+        assert (caught.value.where, caught.value.field) == ("line 1", field)

@@ -187,6 +187,8 @@ def test_eval_batch_passes_the_forward_check_on_final_and_fails_on_the_initial_m
     assert run["report"].ok
     on_final = run_check(run["eval_path"], run["final_dir"], forward=True)
     assert on_final.ok, on_final.human()
+    recorded = run_check(run["eval_path"], forward=True)  # no --model: the batch records final/
+    assert recorded.ok and recorded.model_dir == str(run["final_dir"])
     on_initial = run_check(run["eval_path"], tiny_model_dir, forward=True)
     assert not on_initial.ok
     assert set(on_initial.by_check()) == {"forward"}, on_initial.human()
@@ -212,6 +214,16 @@ def test_your_own_questions_with_data(tmp_path, tiny_model_dir, tiny_processor, 
     assert result["questions"] == ["Where is the muster point?", "What is E42?"]
     assert result["truths"] == [{"answer": "car park", "doc_id": "safety_manual", "gold_pages": [4]},
                                 {"answer": "firmware reset", "doc_id": "product_guide", "gold_pages": [4]}]
+
+
+def test_check_without_model_refuses_a_batch_whose_model_is_not_here(run, tmp_path):
+    from vrag_rollout.verify.check import CheckInputError
+
+    saved = torch.load(run["eval_path"], weights_only=True)
+    saved["model_path"] = str(tmp_path / "gone")
+    torch.save(saved, tmp_path / "moved.pt")
+    with pytest.raises(CheckInputError, match="records no model directory that exists here.*pass --model"):
+        run_check(tmp_path / "moved.pt")
 
 
 # --- pure checks ----------------------------------------------------------------------------------

@@ -1,11 +1,16 @@
 """VRAG-style document-QA JSON -> the EasyR1 trainer's parquet (`vrag-rollout convert-dataset`).
 
-Input: a JSON array of questions, or JSON Lines (one question per line), each
+Input (UTF-8, a byte-order mark allowed): a JSON array of questions, the common wrapper
+`{"data": [questions]}` (an object with a "data" list and none of a question's keys, so it cannot
+be a question itself; its other keys are ignored), or JSON Lines (one question object per line), each
 
     {"uid": "q1", "query": "...", "reference_answer": "...",
      "meta_info": {"file_name": "report.pdf", "reference_page": [3, 5], ...}}
 
-(other keys are allowed and ignored). `reference_page` numbers are 1-based unless
+(other keys are allowed and ignored). Any other single JSON object is refused, saying what it is
+and what is expected. `reference_answer` is a string or a number; a number is written as its
+source text (`12` -> "12", `3.50` -> "3.50"); true/false, null, lists and objects are refused
+(a boolean has no one answer text: "yes"? "true"?). `reference_page` numbers are 1-based unless
 `page_base=0` says the source counts from 0; they are written 1-based, like the retriever's
 page ids. The document id is the file name's stem, the rule `vrag-retriever index` uses.
 
@@ -21,20 +26,27 @@ collate turns equal-length lists into a 2-D object array):
 - `gold_pages`: the gold pages as a JSON list (for reading; the reward uses `answer`);
 - `question_id`: the input's `uid` as a string (EasyR1 sets its own `uid` column per batch).
 
-A malformed row raises `DatasetError` naming its line (JSON Lines) or item (array) and the field.
-Nothing is dropped silently: questions whose document is not in a given retriever index are
-listed in the report and kept, unless `drop_missing` asks to leave them out (then they are
-reported as dropped).
+A malformed row raises `DatasetError` naming its line (JSON Lines) or item (array, "data") and the
+field; so does an input with no questions, or none left to write. Nothing is written then.
+With a retriever index (`index_dir`; a path that is not one raises `IndexDirError` naming it):
+- a question whose document the index lacks is listed in the report and kept (the rollout's
+  preflight refuses it later), or left out and listed as dropped with `drop_missing`;
+- a gold page past its document's end in the index is never written: the row raises
+  `DatasetError` (line, page, the document's page count), or with `drop_missing` is left out and
+  listed (`pages_out_of_range`, `dropped`). Without an index page counts are not checked.
+Nothing is dropped silently.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Annotated, Any, Iterator, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, ValidationError
+from pydantic_core import PydanticCustomError
 
 from .prompts import AGENT_INSTRUCTIONS, TOOL_CALL_INSTRUCTIONS
 
@@ -44,11 +56,58 @@ COLUMNS = ("prompt", "answer", "doc_id", "gold_pages", "question_id")
 
 
 class DatasetError(ValueError):
-    """A malformed input row: `where` is 'line N' or 'item N', `field` the dotted field path."""
+    """A malformed input row: `where` is 'line N', 'item N' or 'file' (the whole input), `field`
+    the dotted field path."""
 
     def __init__(self, where: str, field_path: str, message: str):
         super().__init__(f"{where}: field {field_path!r}: {message}")
         self.where, self.field, self.message = where, field_path, message
+
+
+class IndexDirError(ValueError):
+    """An `index_dir` that is not a readable retriever index; the message names the path."""
+
+    def __init__(self, index_dir: Path, message: str):
+        super().__init__(f"{index_dir}: {message}")
+        self.index_dir, self.message = Path(index_dir), message
+
+
+class _SourceFloat(float):
+    """A JSON number with a fraction or exponent, remembering its source text (json's parse_float)."""
+
+    def __new__(cls, text: str) -> "_SourceFloat":
+        number = super().__new__(cls, text)
+        number.text = text
+        return number
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        return "a number with a fraction" if math.isfinite(value) else "NaN or infinity"
+    kinds = ((bool, "true or false"), (int, "an integer"), (str, "a string"), (list, "a list"), (dict, "an object"))
+    return next((name for kind, name in kinds if isinstance(value, kind)), type(value).__name__)
+
+
+def _uid_text(value: Any) -> Any:
+    if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+        return str(value)
+    raise PydanticCustomError("uid_type", "expected a string or an integer, got {kind}", {"kind": _json_type(value)})
+
+
+def _answer_text(value: Any) -> Any:
+    # The reward matches text, so a number's own digits are the answer ("3.50" stays "3.50").
+    if isinstance(value, bool):
+        raise PydanticCustomError("answer_type", "got true or false, which has no one answer text "
+                                                 "(\"yes\"? \"true\"?): write the answer as a string")
+    if isinstance(value, _SourceFloat) and math.isfinite(value):
+        return value.text
+    if isinstance(value, int):
+        return str(value)
+    if not isinstance(value, str):
+        raise PydanticCustomError("answer_type", "expected a string or a number, got {kind}", {"kind": _json_type(value)})
+    return value
 
 
 class _Meta(BaseModel):
@@ -59,9 +118,9 @@ class _Meta(BaseModel):
 
 class _Question(BaseModel):
     model_config = ConfigDict(extra="allow")
-    uid: Union[str, StrictInt]
+    uid: Annotated[str, BeforeValidator(_uid_text)]  # one error path ("uid"), not one per union member
     query: str = Field(min_length=1)
-    reference_answer: str = Field(min_length=1)
+    reference_answer: Annotated[str, BeforeValidator(_answer_text), Field(min_length=1)]
     meta_info: _Meta
 
 
@@ -71,7 +130,7 @@ class ConversionReport:
     written: int = 0
     index: Optional[str] = None
     missing_documents: list = field(default_factory=list)   # {question_id, doc_id, where}
-    pages_out_of_range: list = field(default_factory=list)  # {question_id, doc_id, pages, num_pages}
+    pages_out_of_range: list = field(default_factory=list)  # {question_id, doc_id, pages, num_pages, where}
     dropped: list = field(default_factory=list)              # question ids left out
 
     def to_dict(self) -> dict:
@@ -80,23 +139,59 @@ class ConversionReport:
                 "pages_out_of_range": self.pages_out_of_range, "dropped": self.dropped}
 
 
+EXPECTED_INPUT = ('expected a JSON array of questions, {"data": [...]} (an object holding that array), '
+                  "or JSON Lines (one question object per line)")
+QUESTION_KEYS = ("uid", "query", "reference_answer", "meta_info")
+
+
+def _loads(text: str) -> Any:
+    return json.loads(text, parse_float=_SourceFloat)
+
+
+def _is_wrapper(value: Any) -> bool:
+    """`{"data": [questions]}`: unambiguous, as it holds none of a question's keys."""
+    return (isinstance(value, dict) and isinstance(value.get("data"), list)
+            and not any(key in value for key in QUESTION_KEYS))
+
+
+def _one_object(value: dict) -> str:
+    if any(key in value for key in QUESTION_KEYS):
+        return "the file is one question object spread over several lines"
+    keys = ", ".join(repr(key) for key in list(value)[:8]) + (", ..." if len(value) > 8 else "")
+    return f"the file is one JSON object (keys {keys or 'none'}), not a list of questions"
+
+
 def _records(path: Path) -> Iterator[tuple[str, Any]]:
-    text = Path(path).read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
+    text = Path(path).read_text(encoding="utf-8-sig")  # -sig: files saved on Windows often start with a BOM
+    lines = text.splitlines()
+    first = next((number for number, line in enumerate(lines, start=1) if line.strip()), 1)
+    start = text.lstrip()[:1]
+    whole: Any = None
+    if start in ("[", "{"):
         try:
-            items = json.loads(text)
+            whole = _loads(text)
         except json.JSONDecodeError as error:
-            raise DatasetError(f"line {error.lineno}", "<json>", f"not valid JSON: {error.msg}") from None
-        for number, item in enumerate(items, start=1):
+            if start == "[":
+                raise DatasetError(f"line {error.lineno}", "<json>", f"not valid JSON: {error.msg}") from None
+            # "{" and not one JSON value: JSON Lines, read below line by line
+    if isinstance(whole, list) or _is_wrapper(whole):
+        for number, item in enumerate(whole if isinstance(whole, list) else whole["data"], start=1):
             yield f"item {number}", item
         return
-    for number, line in enumerate(text.splitlines(), start=1):
+    # One object that is no question (no question key at all), or a question on several lines
+    # (JSON Lines needs one per line); a one-line question is JSON Lines of one row.
+    if isinstance(whole, dict) and (not any(key in whole for key in QUESTION_KEYS)
+                                    or sum(1 for line in lines if line.strip()) > 1):
+        raise DatasetError(f"line {first}", "<json>", f"{_one_object(whole)}: {EXPECTED_INPUT}")
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            yield f"line {number}", json.loads(line)
+            yield f"line {number}", _loads(line)
         except json.JSONDecodeError as error:
-            raise DatasetError(f"line {number}", "<json>", f"not valid JSON: {error.msg}") from None
+            # a first line that is not JSON is most likely another layout, not a typo
+            hint = f" ({EXPECTED_INPUT})" if number == first else ""
+            raise DatasetError(f"line {number}", "<json>", f"not valid JSON: {error.msg}{hint}") from None
 
 
 def _question(where: str, record: Any, page_base: int) -> _Question:
@@ -110,9 +205,29 @@ def _question(where: str, record: Any, page_base: int) -> _Question:
         raise DatasetError(where, path, first["msg"]) from None
     for position, page in enumerate(question.meta_info.reference_page):
         if page < page_base:
+            hint = " (a 0-based source? convert it with --page-base 0)" if page_base == 1 else ""
             raise DatasetError(where, f"meta_info.reference_page.{position}",
-                               f"page {page} is below the first page number {page_base}")
+                               f"page {page} is below the first page number {page_base}{hint}")
     return question
+
+
+def _pages_past_end(where: str, question: _Question, doc_id: str, num_pages: int, page_base: int,
+                    drop: bool) -> Optional[dict]:
+    """The report entry of a question whose gold pages pass its document's end (None if none);
+    raises `DatasetError` for it unless `drop`: a wrong gold page would train silently."""
+    past = [(position, page) for position, page in enumerate(question.meta_info.reference_page)
+            if page - page_base + 1 > num_pages]
+    if not past:
+        return None
+    if not drop:
+        position, page = past[0]
+        counted = f" (page {page - page_base + 1} counted from 1)" if page_base != 1 else ""
+        raise DatasetError(where, f"meta_info.reference_page.{position}",
+                           f"page {page}{counted} is past the end of document {doc_id!r}, which has {num_pages} "
+                           f"pages in the index; fix the page, or leave such questions out with --drop-missing")
+    pages = sorted({page - page_base + 1 for page in question.meta_info.reference_page})
+    return {"question_id": str(question.uid), "doc_id": doc_id, "pages": pages, "num_pages": num_pages,
+            "where": where}
 
 
 QUESTION_MARK = "\nQuestion: "  # where `make_prompt` joins the instructions and the question
@@ -148,9 +263,12 @@ def convert_rows(path: Path, *, page_base: int = 1, documents: Optional[dict] = 
                 if drop_missing:
                     report.dropped.append(qid)
                     continue
-            elif any(page > documents[doc_id] for page in pages):
-                report.pages_out_of_range.append({"question_id": qid, "doc_id": doc_id, "pages": pages,
-                                                  "num_pages": documents[doc_id]})
+            else:
+                past = _pages_past_end(where, question, doc_id, documents[doc_id], page_base, drop_missing)
+                if past is not None:
+                    report.pages_out_of_range.append(past)
+                    report.dropped.append(qid)
+                    continue
         truth = {"answer": question.reference_answer, "doc_id": doc_id, "gold_pages": pages}
         columns["prompt"].append(make_prompt(question.query, INSTRUCTIONS[action_format]))
         columns["answer"].append(json.dumps(truth, ensure_ascii=False))
@@ -158,14 +276,32 @@ def convert_rows(path: Path, *, page_base: int = 1, documents: Optional[dict] = 
         columns["gold_pages"].append(json.dumps(pages))
         columns["question_id"].append(qid)
         report.written += 1
+    if not report.rows:
+        raise DatasetError("file", "<questions>", f"no questions in it, nothing to write ({EXPECTED_INPUT})")
+    if not report.written:
+        raise DatasetError("file", "<questions>", f"no questions left: all {report.rows} dropped "
+                                                  "(their documents or gold pages are not in the index)")
     return columns
 
 
 def index_documents(index_dir: Path) -> dict:
-    """{doc_id: num_pages} of a retriever index, through its public manifest reader."""
-    from retriever_server.manifest import read_manifest
+    """{doc_id: num_pages} of a retriever index, through its public manifest reader; raises
+    `IndexDirError` saying what is wrong with a path that is not a readable index."""
+    from retriever_server.manifest import MANIFEST_NAME, read_manifest
 
-    return {doc.doc_id: doc.num_pages for doc in read_manifest(Path(index_dir)).docs}
+    index_dir = Path(index_dir)
+    build = f"build one with `vrag-retriever index DOCS --out {index_dir}`"
+    if not index_dir.exists():
+        raise IndexDirError(index_dir, f"no such directory; {build}")
+    if not index_dir.is_dir():
+        raise IndexDirError(index_dir, "not a directory; an index is the directory `vrag-retriever index` writes")
+    if not (index_dir / MANIFEST_NAME).is_file():
+        raise IndexDirError(index_dir, f"no {MANIFEST_NAME}, so not a retriever index; {build}")
+    try:
+        manifest = read_manifest(index_dir)
+    except (OSError, ValueError) as error:
+        raise IndexDirError(index_dir, f"unreadable {MANIFEST_NAME}: {error}") from error
+    return {doc.doc_id: doc.num_pages for doc in manifest.docs}
 
 
 def convert_dataset(source: Path, out: Path, *, index_dir: Optional[Path] = None, page_base: int = 1,
@@ -225,18 +361,26 @@ def convert_dataset_command(source: Path, out: Path, *, index_dir: Optional[Path
     try:
         report = convert_dataset(source, out, index_dir=index_dir, page_base=page_base, drop_missing=drop_missing,
                                  action_format=action_format)
-    except (DatasetError, FileNotFoundError, ValueError) as error:
+    except IndexDirError as error:  # the index is at fault, not the source
+        print(f"convert-dataset: --index {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # the source: missing, a directory, unreadable
+        print(f"convert-dataset: {source}: {error.strerror or error}", file=sys.stderr)
+        return 2
+    except (DatasetError, ValueError) as error:
         print(f"convert-dataset: {source}: {error}", file=sys.stderr)
         return 2
     if report_path is not None:
         Path(report_path).write_text(json.dumps(report.to_dict(), indent=1, ensure_ascii=False), encoding="utf-8")
-    print(f"wrote {report.written} of {report.rows} questions to {out}")
+    print(f"wrote {report.written} of {report.rows} questions to {out}"
+          + (f" ({len(report.dropped)} dropped)" if report.dropped else ""))
     if report.index is not None:
         print(f"{len(report.missing_documents)} questions name a document not in {report.index}"
-              + (f" ({len(report.dropped)} dropped)" if report.dropped else " (kept)"))
+              + (" (dropped)" if drop_missing else " (kept)"))
         for item in report.missing_documents:
             print(f"  missing: {item['where']}: question {item['question_id']}: document {item['doc_id']!r}")
         for item in report.pages_out_of_range:
-            print(f"  pages out of range: question {item['question_id']}: {item['doc_id']!r} has "
-                  f"{item['num_pages']} pages, gold {item['pages']}")
+            past = [page for page in item["pages"] if page > item["num_pages"]]
+            print(f"  dropped: {item['where']}: question {item['question_id']}: gold page(s) {past} past the end "
+                  f"of {item['doc_id']!r} ({item['num_pages']} pages)")
     return 0

@@ -19,10 +19,8 @@ from ..data.prompts import PromptSample, build_prompts
 
 # The tiny model is random: a grammar makes vLLM's own sampling write well-formed actions.
 # Queries come from a closed list so recorded retriever fixtures cover every possible call.
-_ACTION_TEMPLATE = (
-    r"<think>[a-z ]{{3,16}}</think>"
-    r"(<search>({queries})</search>|<fetch>(image|text), [1-{max_page}]</fetch>|<answer>[a-z0-9 ]{{1,12}}</answer>)"
-)
+_TOOL_ACTIONS = r"<search>({queries})</search>|<fetch>(image|text), [1-{max_page}]</fetch>"
+_ANSWER = r"<answer>[a-z0-9 ]{{1,12}}</answer>"
 
 
 DEMO_TOP_N = 2
@@ -34,20 +32,23 @@ def _regex_literal(text: str) -> str:
     return "".join("\\" + c if c in "\\.^$*+?{}[]|()" else c for c in text)
 
 
-def action_regex(queries: list[str], max_page: int) -> str:
+def action_regex(queries: list[str], max_page: int, answer: bool = True) -> str:
+    """The tags format's turn: a thought, then a search, a fetch or (with `answer`) an answer."""
     alternatives = "|".join(_regex_literal(q) for q in queries)
-    return _ACTION_TEMPLATE.format(queries=alternatives, max_page=max_page)
+    actions = _TOOL_ACTIONS + ("|" + _ANSWER if answer else "")
+    return (r"<think>[a-z ]{{3,16}}</think>(" + actions + ")").format(queries=alternatives, max_page=max_page)
 
 
-def tool_call_regex(queries: list[str], max_page: int) -> str:
+def tool_call_regex(queries: list[str], max_page: int, answer: bool = True) -> str:
     """The native format's turn: a thought, then one or two tool calls as the chat template
-    writes them, or an answer; the grammar's end leaves only the end-of-turn token."""
+    writes them, or (with `answer`) an answer; the grammar's end leaves only the end-of-turn token."""
     alternatives = "|".join(_regex_literal(q) for q in queries)
     search = r'<tool_call>\n\{"name": "search", "arguments": \{"query": "(' + alternatives + r')"\}\}\n</tool_call>'
     fetch = (r'<tool_call>\n\{"name": "fetch", "arguments": \{"page": [1-' + str(max_page)
              + r'], "mode": "(image|text)"\}\}\n</tool_call>')
     call = f"({search}|{fetch})"
-    return rf"<think>[a-z ]{{3,16}}</think>(\n{call}(\n{call})?|<answer>[a-z0-9 ]{{1,12}}</answer>)"
+    answer_branch = "|<answer>[a-z0-9 ]{1,12}</answer>" if answer else ""
+    return rf"<think>[a-z ]{{3,16}}</think>(\n{call}(\n{call})?{answer_branch})"
 
 
 def cache_dir() -> Path:
@@ -130,11 +131,16 @@ def demo_config(**overrides: Any) -> AgentRolloutConfig:
         top_n=DEMO_TOP_N,
         max_num_batched_tokens=4096,
         action_regex=action_regex(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE),
+        # every episode retrieves before it may answer: the demo shows pages in tool turns
+        first_turn_action_regex=action_regex(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE, answer=False),
         calculate_log_probs=True,  # the saved batch carries rollout_log_probs: `check --forward` reads them
     )
     if overrides.get("action_format") == "tool_call":
         base["action_regex"] = tool_call_regex(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE)
+        base["first_turn_action_regex"] = tool_call_regex(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE, answer=False)
         base["prompt_length"] = 1024  # the tool schemas in the system turn
+    if "action_regex" in overrides:  # the caller's grammar governs every turn unless it says otherwise
+        base["first_turn_action_regex"] = None
     base.update(overrides)
     return AgentRolloutConfig(**base)
 
@@ -158,7 +164,9 @@ def demo_model(family: Optional[str] = None, model: Optional[str] = None) -> tup
 
 
 def run_demo(out_path: Path, *, family: Optional[str] = None, model: Optional[str] = None, batch_size: int = 4,
-             retriever_url: Optional[str] = None, fixtures: Optional[str] = None, **config_overrides: Any) -> dict:
+             retriever_url: Optional[str] = None, fixtures: Optional[str] = None, llm: Any = None,
+             **config_overrides: Any) -> dict:
+    """The demo job; `llm` is an already running engine of the same model (tests share one)."""
     from transformers import AutoProcessor
 
     from ..engine.llm import configure_cpu_defaults
@@ -175,11 +183,34 @@ def run_demo(out_path: Path, *, family: Optional[str] = None, model: Optional[st
             retriever_url = stack.enter_context(serve_in_thread(prepare_index(cache_dir())))
         config = demo_config(retriever_url=retriever_url or "http://127.0.0.1:8002", retriever_fixtures=fixtures,
                              **{**demo_page_band(processor), **config_overrides})
-        agent = vLLMRolloutAgent(str(model_dir), config, tokenizer, processor)
+        agent = vLLMRolloutAgent(str(model_dir), config, tokenizer, processor, inference_engine=llm)
         samples = demo_questions()[:batch_size]
         prompts = demo_prompts(tokenizer, processor, samples, config)
         output = agent.generate_sequences(prompts)
+    add_truths_and_rewards(output, tokenizer, [demo_truth(sample) for sample in samples])
     return finish_demo(output, Path(out_path), processor=processor, model_dir=model_dir, config=config)
+
+
+def demo_truth(sample: PromptSample) -> dict:
+    """The ground truth of a demo question: the page of the sample corpus that covers its fact."""
+    from retriever_server.sample_corpus import SAMPLE_FACTS
+
+    fact = sample.question.removeprefix("Which page covers ").removesuffix("?")
+    doc, page = SAMPLE_FACTS[fact]
+    return {"answer": str(page), "doc_id": doc, "gold_pages": [page]}
+
+
+def add_truths_and_rewards(output: Any, tokenizer: Any, truths: list) -> None:
+    """Columns the viewer and readers of the saved batch use: each row's `ground_truth` (the
+    JSON the reward reads, its prompt's) and `reward` (`core.reward`'s overall and parts)."""
+    import json
+
+    from ..protocol import object_array
+    from ..training.learn import episode_scores
+
+    n = len(output) // len(truths)
+    output.non_tensor_batch["ground_truth"] = object_array([json.dumps(truths[row // n]) for row in range(len(output))])
+    output.non_tensor_batch["reward"] = object_array(episode_scores(output, tokenizer, truths))
 
 
 def finish_demo(output: Any, out_path: Path, *, processor: Any, model_dir: Path, config: AgentRolloutConfig) -> dict:
@@ -197,7 +228,7 @@ def finish_demo(output: Any, out_path: Path, *, processor: Any, model_dir: Path,
     print(report.to_json())
     html = write_html(out_path, out_path.with_suffix(".html"))
     print(f"view: {html}")
-    return {"output": output, "report": report, "html": html}
+    return {"output": output, "report": report, "html": html, "processor": processor}
 
 
 def print_summary(output: Any) -> None:

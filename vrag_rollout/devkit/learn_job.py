@@ -147,7 +147,7 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
         if evaluate:
             free = vLLMRolloutAgent(str(model_dir), replace(config, action_regex=None), tokenizer, processor,
                                     inference_engine=engine, retriever=agent.retriever)
-            eval_path, report = evaluate_final(free, prompts, processor, final_dir, out_dir / EVAL_FILE)
+            eval_path, report = evaluate_final(free, prompts, processor, final_dir, out_dir / EVAL_FILE, truths)
     print(f"wrote {out_dir / 'metrics.jsonl'}, {out_dir / PLOT_FILE}, {final_dir}"
           + (f", {eval_path}" if eval_path else ""))
     return {"records": records, "summary": summary, "hf_model": hf_model, "llm": engine, "agent": agent,
@@ -164,7 +164,7 @@ def save_final(hf_model: Any, processor: Any, model_dir: Path, final_dir: Path) 
     return final_dir
 
 
-def evaluate_final(agent: Any, prompts: Any, processor: Any, final_dir: Path, path: Path) -> tuple:
+def evaluate_final(agent: Any, prompts: Any, processor: Any, final_dir: Path, path: Path, truths: list) -> tuple:
     """One batch rolled out by the engine on the final weights (synced and checked by the last step),
     saved with its rollout logprobs, then checked against `final_dir` with the forward oracle.
 
@@ -175,7 +175,10 @@ def evaluate_final(agent: Any, prompts: Any, processor: Any, final_dir: Path, pa
     from ..verify.check import run_check
     from ..verify.saved_batch import save_rollout
 
+    from .demo import add_truths_and_rewards
+
     output = agent.generate_sequences(prompts)
+    add_truths_and_rewards(output, processor.tokenizer, truths)  # for the viewer and other readers
     save_rollout(output, path, processor=processor, model_path=final_dir, config=agent.config)
     report = run_check(path, final_dir, forward=True)
     print(report.human())

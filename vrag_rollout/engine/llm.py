@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import warnings
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -99,16 +100,20 @@ def _modules_hidden_from_kernel_scan() -> Iterator[None]:
     engine cannot start in a process that has imported the retriever server.
     """
     hidden = {}
-    for name, module in list(sys.modules.items()):
-        namespace = getattr(module, "__dict__", None)
-        if namespace and any(_breaks_kernel_scan(value) for value in list(namespace.values())):
-            hidden[name] = module
-    for name in hidden:
-        del sys.modules[name]
-    try:
-        yield
-    finally:
-        sys.modules.update(hidden)
+    with warnings.catch_warnings():
+        # Reading every global touches torch's deprecated `torch.distributed.reduce_op`, whose
+        # FutureWarning says nothing to a user; vLLM's own scan (inside the `yield`) does too.
+        warnings.filterwarnings("ignore", message=r".*torch\.distributed\.reduce_op", category=FutureWarning)
+        for name, module in list(sys.modules.items()):
+            namespace = getattr(module, "__dict__", None)
+            if namespace and any(_breaks_kernel_scan(value) for value in list(namespace.values())):
+                hidden[name] = module
+        for name in hidden:
+            del sys.modules[name]
+        try:
+            yield
+        finally:
+            sys.modules.update(hidden)
 
 
 def create_llm(**llm_kwargs: Any) -> Any:

@@ -42,7 +42,8 @@ class SamplingPlan:
     """Base sampling settings plus temporary overrides (EasyR1's `update_sampling_params`)."""
 
     def __init__(self, config: Any, banned_token_ids: Sequence[int], stop: Sequence[str] = (),
-                 action_regex: Optional[str] = None, logprobs: bool = False):
+                 action_regex: Optional[str] = None, logprobs: bool = False,
+                 first_turn_regex: Optional[str] = None):
         self._fields = sampling_field_names()
         self.base: dict = {k: getattr(config, k) for k in self._fields - _AGENT_OWNED if hasattr(config, k)}
         self.n = int(config.n)
@@ -50,7 +51,13 @@ class SamplingPlan:
         self.stop = list(stop)
         self.banned = list(banned_token_ids)
         self.action_regex = action_regex
+        self.first_turn_regex = first_turn_regex  # an episode's first turn, instead of action_regex
         self.logprobs = logprobs
+
+    @property
+    def constrained(self) -> bool:
+        """Whether a grammar constrains some turn (the rollout logprobs are then the grammar's)."""
+        return bool(self.action_regex or self.first_turn_regex)
 
     @contextmanager
     def overridden(self, **overrides: Any) -> Iterator["SamplingPlan"]:
@@ -68,7 +75,7 @@ class SamplingPlan:
         finally:
             self.base, self.n, self.seed = saved
 
-    def params(self, max_tokens: int, seed: Optional[int]) -> Any:
+    def params(self, max_tokens: int, seed: Optional[int], first_turn: bool = False) -> Any:
         from vllm import SamplingParams
 
         kwargs = dict(self.base)
@@ -83,10 +90,11 @@ class SamplingPlan:
             kwargs.update(stop=list(self.stop), include_stop_str_in_output=True)
         if self.logprobs:
             kwargs["logprobs"] = 0  # the sampled token's own logprob
-        if self.action_regex:
+        regex = self.first_turn_regex if first_turn and self.first_turn_regex else self.action_regex
+        if regex:
             from vllm.sampling_params import StructuredOutputsParams
 
-            kwargs["structured_outputs"] = StructuredOutputsParams(regex=self.action_regex)
+            kwargs["structured_outputs"] = StructuredOutputsParams(regex=regex)
         return SamplingParams(**kwargs)
 
 

@@ -78,6 +78,7 @@ class vLLMRollout(BaseRollout):
             banned_token_ids=self.vision_tokens.banned,
             stop=self.stop_strings,
             action_regex=self.config.action_regex,
+            first_turn_regex=self.config.first_turn_action_regex,
             logprobs=self.config.calculate_log_probs,
         )
         self.observations = ObservationBuilder(
@@ -122,7 +123,7 @@ class vLLMRollout(BaseRollout):
 
     def request(self, episode: Episode, turn: int) -> tuple:
         seed = request_seed(self.sampling.seed, self.call_number, episode.index, turn, self.dp_rank)
-        return episode.engine_prompt(), self.sampling.params(episode.remaining, seed)
+        return episode.engine_prompt(), self.sampling.params(episode.remaining, seed, first_turn=turn == 0)
 
     def after_generation(self, episode: Episode, output: Any, turn: int) -> Any:
         """Append the sampled tokens and settle the action; returns it when it needs the retriever."""
@@ -233,7 +234,7 @@ class vLLMRollout(BaseRollout):
         meta_out["metrics"].update(timing)
         meta_out["model_family"] = self.family.name
         # Under a grammar vLLM's logprobs are those of the constrained distribution (README).
-        meta_out["action_grammar"] = bool(self.sampling.action_regex)
+        meta_out["action_grammar"] = self.sampling.constrained
         if self.config.calculate_log_probs:
             meta_out["rollout_log_probs_mode"] = self.logprobs_mode or "unknown"
             # What the sampled distribution had applied, for checkers that recompute it.

@@ -6,5 +6,7 @@ value: it recomputes from the model's own code what the rollout claims).
 - `saved_batch`: the saved-batch file format (save, load, validate).
 - `check`: the independent checker, a package of one module per check (masks, image tokens,
   positions, logprobs, ...).
-- `view`: a self-contained HTML view of a batch.
+- `view`: a self-contained HTML view of a batch, opening on its episodes.
+- `episode_facts`: what the view says of an episode besides its tokens (question, ground truth,
+  the reward the batch carries, why a `budget` end happened); shows, never computes, a reward.
 """

@@ -1,22 +1,31 @@
 """`vrag-rollout view`: a saved rollout batch as one self-contained, static HTML page.
 
-`write_html(path, out_html, model_dir=None) -> Path` reads a saved batch (or a pickled trainer
-DataProto, see saved_batch.py) and writes a page that needs no server and no network: images are
-embedded as data URIs, the little CSS and JavaScript are inline. The page shows
+`write_html(path, out_html, model_dir=None, truths=None) -> Path` reads a saved batch (or a
+pickled trainer DataProto, see saved_batch.py) and writes a page that needs no server and no
+network: images are embedded as data URIs, the little CSS and JavaScript are inline. The page
+leads with the episodes (its first screen shows them, not the batch's numbers):
 
-- at the top: the file, the model family, whether an action grammar was active, the rollout
-  config's main settings and the batch's metrics; a filter by termination reason (also set by
-  the link: `report.html#reason=answered`);
-- one section per episode (`<section class="episode" data-reason=...>`): the conversation as the
-  model saw it (the prompt, collapsed, then the response), sampled text (loss mask 1) and
-  observation blocks (loss mask 0) styled apart, every image as a thumbnail where its image
-  tokens sit (`<img class="thumb" id="img-ROW-K">`; click to enlarge, or open the link
-  `report.html#image=ROW-K`), the page ids of each observation, the
-  termination reason, turns/searches/fetches, and a bar of the response budget: sampled,
-  observation and unused tokens.
+- a table of the episodes (`<tr class="ep-row" data-reason=...>`), one row each: its number (a
+  link to its section), question, doc id, termination reason (a `budget` end says which turn's
+  result did not fit), turns, the pages it was shown (gold pages marked), and, when the batch
+  has them, the ground truth and the reward (`episode_facts` says where each comes from);
+- a filter by termination reason (also set by the link: `report.html#reason=answered`);
+- the batch (model family, action grammar, the rollout config's main settings, the metrics
+  table) in a collapsed `<details class="batch">`;
+- one section per episode (`<section class="episode" id="ep-ROW" data-reason=...>`): its
+  question, ground truth and reward (overall and parts), then the conversation as the model saw
+  it (the prompt, collapsed, then the response), sampled text (loss mask 1) and observation
+  blocks (loss mask 0) styled apart, every image as a thumbnail where its image tokens sit
+  (`<img class="thumb" id="img-ROW-K">`; click to enlarge, or open the link
+  `report.html#image=ROW-K`; gold pages framed), the page ids of each observation,
+  turns/searches/fetches, and a bar of the response budget: sampled, observation and unused
+  tokens.
 
-Text is decoded with the batch's own token texts (saved by `save_rollout`) or, when given or when
-the batch has none, with the tokenizer of `model_dir`. All text is HTML-escaped.
+Rewards are shown when the batch carries them, never computed: `verify/` does not import the
+reward (`core.reward`) it would display. `truths` ({question: ground truth}, see
+`episode_facts.load_truths`) supplies ground truths a batch lacks. Text is decoded with the
+batch's own token texts (saved by `save_rollout`) or, when given or when the batch has none,
+with the tokenizer of `model_dir`. All text is HTML-escaped.
 """
 
 from __future__ import annotations
@@ -28,7 +37,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .saved_batch import NotABatchError, SavedBatch, load_rollout
+from . import episode_facts as facts
+from .saved_batch import SavedBatch, load_rollout
 
 IMAGE_PAD, VISION_START, VISION_END = "<|image_pad|>", "<|vision_start|>", "<|vision_end|>"
 
@@ -83,9 +93,11 @@ def _runs(flags: list[int]) -> list[tuple[int, int, int]]:
 
 
 class _Episode:
-    """Renders one sample; images are numbered in sequence order across prompt and response."""
+    """One sample: its row of the episode table and its section. Images are numbered in sequence
+    order across prompt and response."""
 
-    def __init__(self, saved: SavedBatch, row: int, decode: Callable, vision: dict[str, int]):
+    def __init__(self, saved: SavedBatch, row: int, decode: Callable, vision: dict[str, int],
+                 truths: Optional[dict] = None):
         t = saved.tensors
         self.saved, self.row, self.decode, self.vision = saved, row, decode, vision
         self.P = int(t["prompts"].shape[1])
@@ -98,15 +110,86 @@ class _Episode:
         self.loss = [int(x) for x in loss[row, : self.used].tolist()]
         self.images = saved.images[row]
         self.next_image = 0
+        self.reason = saved.column("termination_reason")[row]
+        self.doc_id = saved.column("doc_id")[row]
+        self.page_ids = saved.column("page_ids", [])[row] or []
+        self.runs = _runs(self.loss)
+        self.sampled_texts = [decode(self.response_ids[start:end]) for value, start, end in self.runs if value]
+        self.answer = facts.policy_answer("".join(self.sampled_texts))
+        vision_ids = set(vision.values())
+        self.question = facts.question(decode([tok for tok in self.prompt_ids if tok not in vision_ids]))
+        self.truth = facts.ground_truth(saved, row, truths, self.question)
+        self.reward = facts.reward(saved, row)
 
-    def _image(self, caption: str, tokens: int) -> str:
+    def _gold(self, page_id: str) -> bool:
+        return facts.is_gold(page_id, self.truth, self.doc_id)
+
+    def _page(self, page_id: Any) -> str:
+        text = html.escape(str(page_id))
+        return f'<mark class="gold" title="a gold page">{text} (gold)</mark>' if self._gold(str(page_id)) else text
+
+    def pages_html(self) -> str:
+        shown = [page for turn in self.page_ids for page in (turn or [])]
+        return ", ".join(self._page(page) for page in shown) or "-"
+
+    def end_note(self, brief: bool = False) -> str:
+        """Why a `budget` episode ended (the turn and what it asked for); "" for other endings."""
+        if self.reason != "budget":
+            return ""
+        return facts.budget_note(
+            turn=int(self.saved.column("num_turns", 0)[self.row] or 0),
+            last_sampled=self.sampled_texts[-1] if self.sampled_texts else "",
+            last_is_observation=bool(self.runs) and not self.runs[-1][0], remaining=self.R - self.used, length=self.R,
+            last_pages=self.page_ids[-1] if self.page_ids else (),
+            overflow=self.saved.column("budget_overflow")[self.row], brief=brief,
+        )
+
+    def reward_html(self, brief: bool = False) -> str:
+        """Overall and its parts; `brief` (the table): the parts only as the cell's tooltip."""
+        if self.reward is None:
+            return ""
+        parts = " · ".join(f"{name} {self.reward[name]:.2f}" for name in facts.REWARD_PARTS if name in self.reward)
+        overall = f'{self.reward["overall"]:.2f}'
+        if brief:
+            return f'<span title="{html.escape(parts)}">{overall}</span>' if parts else overall
+        return overall + (f' <span class="parts">({parts})</span>' if parts else "")
+
+    def truth_html(self) -> str:
+        """The answer, then the gold pages as page ids (`<doc>_<page>`, as the shown pages are)."""
+        if self.truth is None:
+            return ""
+        doc = self.truth.doc_id
+        gold = ", ".join(f"{doc}_{page}" if doc else str(page) for page in self.truth.gold_pages)
+        return html.escape(self.truth.answer) + (f' <span class="parts">(gold: {html.escape(gold)})</span>'
+                                                  if gold else "")
+
+    def index_row(self, with_truth: bool, with_reward: bool) -> str:
+        """The episode's row in the table the page opens on."""
+        note = self.end_note(brief=True)
+        end = html.escape(str(self.reason)) + (f'<div class="note">{html.escape(note)}</div>' if note else "")
+        cells = [f'<td><a href="#ep-{self.row}">{self.row}</a></td>',
+                 f'<td class="question">{html.escape(self.question)}</td>',
+                 f'<td class="answer">{html.escape(self.answer if self.answer is not None else "-")}</td>']
+        if with_truth:
+            cells.append(f'<td class="truth">{self.truth_html() or "-"}</td>')
+        if with_reward:
+            cells.append(f'<td class="reward">{self.reward_html(brief=True) or "-"}</td>')
+        cells += [f"<td>{html.escape(str(self.doc_id))}</td>", f'<td class="end">{end}</td>',
+                  f'<td>{html.escape(str(self.saved.column("num_turns")[self.row]))}</td>',
+                  f"<td>{self.pages_html()}</td>"]
+        return f'<tr class="ep-row" data-reason="{html.escape(str(self.reason))}">{"".join(cells)}</tr>'
+
+    def _image(self, page_id: str, tokens: int) -> str:
         k = self.next_image
         self.next_image += 1
         if k >= len(self.images):
             return f'<span class="missing">[image {k}: {tokens} image tokens, no saved image]</span>'
-        label = html.escape(f"image {k}: {caption}{tokens} tokens")
-        return (f'<figure class="page"><img class="thumb" id="img-{self.row}-{k}" alt="{label}" title="{label}" '
-                f'src="{data_uri(self.images[k])}"><figcaption>{label}</figcaption></figure>')
+        gold = self._gold(page_id)
+        label = html.escape(f"image {k}: {page_id + ' · ' if page_id else ''}{'gold page · ' if gold else ''}"
+                            f"{tokens} tokens")
+        return (f'<figure class="page{" gold" if gold else ""}"><img class="thumb" id="img-{self.row}-{k}" '
+                f'alt="{label}" title="{label}" src="{data_uri(self.images[k])}"><figcaption>{label}</figcaption>'
+                "</figure>")
 
     def _text_with_images(self, ids: list[int], captions: list[str]) -> str:
         """Escaped text of `ids` with each vision block replaced by its thumbnail."""
@@ -120,7 +203,7 @@ class _Episode:
                     j += 1
                 out.append(html.escape(self.decode(text)))
                 text = []
-                out.append(self._image(captions.pop(0) + " · " if captions else "", j - i - 1))
+                out.append(self._image(captions.pop(0) if captions else "", j - i - 1))
                 i = j + 1 if j < len(ids) and ids[j] == end else j
                 continue
             text.append(ids[i])
@@ -128,30 +211,26 @@ class _Episode:
         out.append(html.escape(self.decode(text)))
         return "".join(out)
 
-    def render(self) -> str:
-        saved, row = self.saved, self.row
-        reason = saved.column("termination_reason")[row]
-        page_ids = saved.column("page_ids", [])[row] or []
-        counters = {name: saved.column(name)[row] for name in ("num_turns", "num_searches", "num_fetches")}
-        prompt_images = sum(1 for a, b in zip(self.prompt_ids, self.prompt_ids[1:])
-                            if a == self.vision[VISION_START] and b == self.vision[IMAGE_PAD])
-        prompt = self._text_with_images(self.prompt_ids, ["prompt"] * prompt_images)
+    def _response(self) -> str:
         parts, observation = [], 0
-        for value, start, end in _runs(self.loss):
+        for value, start, end in self.runs:
             ids = self.response_ids[start:end]
             if value:
                 text = self._text_with_images(ids, [])
                 parts.append(f'<span class="sampled" data-pos="{self.P + start}">{text}</span>')
                 continue
-            pages = page_ids[observation] if observation < len(page_ids) else []
+            pages = self.page_ids[observation] if observation < len(self.page_ids) else []
             observation += 1
-            tag = (f'<span class="obs-tag">pages: {html.escape(", ".join(map(str, pages)))}</span>' if pages
+            tag = (f'<span class="obs-tag">pages: {", ".join(self._page(p) for p in pages)}</span>' if pages
                    else '<span class="obs-tag">observation</span>')
             parts.append(f'<span class="obs" data-pos="{self.P + start}">{tag}'
                          f'{self._text_with_images(ids, [str(p) for p in pages])}</span>')
         if self.next_image < len(self.images):  # a broken batch: show what no image tokens point at
-            extra = "".join(self._image("no image tokens · ", 0) for _ in range(len(self.images) - self.next_image))
+            extra = "".join(self._image("no image tokens", 0) for _ in range(len(self.images) - self.next_image))
             parts.append(f'<div class="missing">saved images without image tokens: {extra}</div>')
+        return "".join(parts)
+
+    def _budget_bar(self) -> str:
         sampled = sum(self.loss)
         observed = self.used - sampled
         unused = self.R - self.used
@@ -160,36 +239,68 @@ class _Episode:
             for cls, label, count in (("b-sampled", "sampled", sampled), ("b-obs", "observation", observed),
                                       ("b-unused", "unused", unused))
         )
-        all_pages = [str(p) for turn in page_ids for p in (turn or [])]
-        facts = [
-            ("doc", saved.column("doc_id")[row]), ("end", reason), ("turns", counters["num_turns"]),
-            ("searches", counters["num_searches"]), ("fetches", counters["num_fetches"]),
-            ("images", len(self.images)), ("pages", ", ".join(all_pages) or "-"),
-        ]
-        facts_html = _facts(facts)
+        return (f'<div class="budget"><div class="bar" role="img" aria-label="response budget">{bar}</div>'
+                f'<div class="legend"><span class="k b-sampled"></span>sampled {sampled} <span class="k b-obs"></span>'
+                f'observation {observed} <span class="k b-unused"></span>unused {unused} of {self.R}</div></div>')
+
+    def _head(self) -> str:
+        """Question, ground truth, reward and a budget end's cause, above the conversation."""
+        answer = self.answer if self.answer is not None else "none"
+        lines = [f'<p class="question"><b>question</b> {html.escape(self.question)}</p>',
+                 f'<p class="answer"><b>answer</b> {html.escape(answer)}</p>']
+        if self.truth is not None:
+            lines.append(f'<p class="truth"><b>ground truth</b> {self.truth_html()}</p>')
+        if self.reward is not None:
+            lines.append(f'<p class="reward"><b>reward</b> {self.reward_html()}</p>')
+        elif self.truth is not None:
+            lines.append('<p class="reward"><b>reward</b> not in the batch</p>')
+        note = self.end_note()
+        if note:
+            lines.append(f'<p class="note"><b>budget</b> {html.escape(note)}</p>')
+        return "".join(lines)
+
+    def render(self) -> str:
+        saved, row = self.saved, self.row
+        prompt_images = sum(1 for a, b in zip(self.prompt_ids, self.prompt_ids[1:])
+                            if a == self.vision[VISION_START] and b == self.vision[IMAGE_PAD])
+        prompt = self._text_with_images(self.prompt_ids, ["prompt"] * prompt_images)
+        response = self._response()
+        counters = [(name, saved.column(f"num_{name}")[row]) for name in ("turns", "searches", "fetches")]
+        facts_html = _facts([("doc", self.doc_id), ("end", self.reason), *counters, ("images", len(self.images))])
+        facts_html += f' <span class="fact"><b>pages</b> {self.pages_html()}</span>'
         return (
-            f'<section class="episode" id="ep-{row}" data-reason="{html.escape(str(reason))}">'
-            f'<h2>episode {row}</h2><div class="facts">{facts_html}</div>'
-            f'<div class="budget"><div class="bar">{bar}</div><div class="legend">'
-            f'<span class="k b-sampled"></span>sampled {sampled} <span class="k b-obs"></span>observation {observed} '
-            f'<span class="k b-unused"></span>unused {unused} of {self.R}</div></div>'
+            f'<section class="episode" id="ep-{row}" data-reason="{html.escape(str(self.reason))}">'
+            f'<h2>episode {row}</h2>{self._head()}<div class="facts">{facts_html}</div>{self._budget_bar()}'
             f'<details class="prompt"><summary>prompt ({len(self.prompt_ids)} tokens, {prompt_images} images)</summary>'
             f'<div class="conv">{prompt}</div></details>'
-            f'<div class="conv response">{"".join(parts)}</div></section>'
+            f'<div class="conv response">{response}</div></section>'
         )
 
 
 _CSS = """
-body{font-family:system-ui,sans-serif;margin:1.5em;background:#fafafa;color:#222}
-h1{font-size:1.4em}h2{font-size:1.1em;margin:.2em 0}
+body{font-family:system-ui,sans-serif;margin:1.2em 1.5em;background:#fafafa;color:#222}
+h1{font-size:1.3em;margin:.2em 0}h2{font-size:1.1em;margin:.2em 0}
+.lead{margin:.3em 0 .6em}
+table.episodes{border-collapse:collapse;font-size:.88em;background:#fff;width:100%}
+table.episodes caption{text-align:left;font-weight:bold;padding:.2em 0}
+table.episodes th,table.episodes td{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}
+table.episodes th{background:#eee}
+table.episodes td.question{min-width:18em;max-width:36em}table.episodes td.end{max-width:24em}
+.note{font-size:.85em;color:#8a4b00}
+mark.gold{background:#ffe08a;color:#222}
+figure.page.gold img{border:3px solid #d9a400}
+.parts{color:#555;font-size:.9em}
+details.batch{margin:.8em 0}details.batch summary,.prompt summary{cursor:pointer;color:#444}
 table.metrics{border-collapse:collapse;font-size:.85em}table.metrics td{border:1px solid #ddd;padding:2px 8px}
 .episode{background:#fff;border:1px solid #ccc;border-radius:6px;padding:.8em;margin:1em 0}
+.episode p{margin:.25em 0}.question{font-size:1.02em}
 .fact{display:inline-block;margin-right:1em;font-size:.9em}
 .conv{white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:.82em;line-height:1.5}
 .sampled{background:#e3f4e1;border-bottom:2px solid #4caf50}
 .obs{background:#e8eefb;border:1px dashed #5b7fd6;display:inline;color:#333}
 .obs-tag{font-family:system-ui,sans-serif;font-size:.75em;background:#5b7fd6;color:#fff;padding:0 4px;
   margin-right:4px;border-radius:3px}
+.obs-tag mark.gold{padding:0 2px}
 figure.page{display:inline-block;margin:2px 4px;vertical-align:top;text-align:center}
 figure.page figcaption{font-size:.7em;color:#555}
 img.thumb{max-height:96px;max-width:120px;border:1px solid #888;cursor:zoom-in;background:#fff}
@@ -197,7 +308,6 @@ img.thumb{max-height:96px;max-width:120px;border:1px solid #888;cursor:zoom-in;b
 .bar span{display:block;height:100%}
 .b-sampled{background:#4caf50}.b-obs{background:#5b7fd6}.b-unused{background:#e0e0e0}
 .legend{font-size:.8em}.legend .k{display:inline-block;width:10px;height:10px;margin:0 3px 0 8px}
-.prompt summary{cursor:pointer;font-size:.85em;color:#555}
 #overlay{display:none;position:fixed;inset:0;background:rgba(0,0,0,.8);align-items:center;justify-content:center;
   cursor:zoom-out}
 #overlay img{max-width:95vw;max-height:95vh;background:#fff}
@@ -214,8 +324,8 @@ document.addEventListener('click',function(e){
   if(e.target.classList&&e.target.classList.contains('thumb')){enlarge(e.target);}
   else if(e.target===o||e.target.parentNode===o){o.style.display='none';}
 });
-function filterReason(v){
-  document.querySelectorAll('section.episode').forEach(function(s){
+function filterReason(v){  // the episode table's rows and the sections alike
+  document.querySelectorAll('section.episode,tr.ep-row').forEach(function(s){
     s.classList.toggle('hidden', v!=='all' && s.dataset.reason!==v);});
   document.getElementById('shown').textContent=
     document.querySelectorAll('section.episode:not(.hidden)').length;
@@ -223,20 +333,26 @@ function filterReason(v){
 (function(){  // a link may filter (report.html#reason=answered) or open an image (#image=3-1)
   var m=location.hash.match(/^#reason=(.+)$/);
   if(m){var v=decodeURIComponent(m[1]);document.getElementById('reason-filter').value=v;filterReason(v);}
-  var i=location.hash.match(/^#image=(\d+)-(\d+)$/);
+  var i=location.hash.match(/^#image=(\\d+)-(\\d+)$/);
   if(i){var el=document.getElementById('img-'+i[1]+'-'+i[2]);if(el){enlarge(el);}}
 })();
 """
 
 
-def render(saved: SavedBatch, model_dir: Optional[str] = None, title: str = "rollout") -> str:
-    """The whole page as one string."""
-    decode, vision = _decoder(saved, model_dir)
-    episodes = [_Episode(saved, row, decode, vision).render() for row in range(len(saved))]
-    reasons = Counter(str(r) for r in saved.column("termination_reason"))
-    options = '<option value="all">all</option>' + "".join(
-        f'<option value="{html.escape(r)}">{html.escape(r)} ({c})</option>' for r, c in sorted(reasons.items())
-    )
+def _index(episodes: list[_Episode]) -> str:
+    """The table the page opens on: one row per episode; truth and reward columns when any has one."""
+    with_truth = any(ep.truth is not None for ep in episodes)
+    with_reward = any(ep.reward is not None for ep in episodes)
+    names = (["#", "question", "answer"] + ["ground truth"] * with_truth + ["reward"] * with_reward
+             + ["doc", "end", "turns", "pages shown"])
+    head = "".join(f'<th scope="col">{name}</th>' for name in names)
+    rows = "".join(ep.index_row(with_truth, with_reward) for ep in episodes)
+    return (f'<table class="episodes"><caption>episodes (a number opens its conversation below)</caption>'
+            f"<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+
+
+def _batch(saved: SavedBatch) -> str:
+    """The batch's settings and metrics, collapsed: they matter less than the episodes."""
     metrics = "".join(
         f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(_fmt(v))}</td></tr>"
         for k, v in sorted(saved.metrics.items())
@@ -249,17 +365,31 @@ def render(saved: SavedBatch, model_dir: Optional[str] = None, title: str = "rol
         ("action grammar", {True: "yes (constrained logprobs)", False: "no", None: "unknown"}[saved.action_grammar]),
         ("source", saved.source), ("config", json.dumps(config)),
     ]
-    summary_html = _facts(summary)
+    return (f'<details class="batch"><summary>batch: model, config and {len(saved.metrics)} metrics</summary>'
+            f'<div class="summary">{_facts(summary)}</div><table class="metrics">{metrics}</table></details>')
+
+
+def render(saved: SavedBatch, model_dir: Optional[str] = None, title: str = "rollout",
+           truths: Optional[dict] = None) -> str:
+    """The whole page as one string."""
+    decode, vision = _decoder(saved, model_dir)
+    episodes = [_Episode(saved, row, decode, vision, truths) for row in range(len(saved))]
+    sections = [ep.render() for ep in episodes]
+    reasons = Counter(str(r) for r in saved.column("termination_reason"))
+    options = '<option value="all">all</option>' + "".join(
+        f'<option value="{html.escape(r)}">{html.escape(r)} ({c})</option>' for r, c in sorted(reasons.items())
+    )
     return (
-        "<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>"
-        f"<h1>{html.escape(title)}</h1><div class=\"summary\">{summary_html}</div>"
-        f"<details open><summary>metrics</summary><table class=\"metrics\">{metrics}</table></details>"
-        f"<p><label>termination reason <select id=\"reason-filter\" onchange=\"filterReason(this.value)\">{options}"
-        f"</select></label> showing <span id=\"shown\">{len(saved)}</span> of {len(saved)} episodes · "
-        "<span class=\"sampled\">sampled (loss mask 1)</span> <span class=\"obs\">observation (loss mask 0)</span></p>"
-        + "".join(episodes)
-        + f"<div id=\"overlay\"><img alt=\"enlarged image\"></div><script>{_JS}</script></body></html>"
+        f"<header><h1>{html.escape(title)}</h1><p class=\"lead\">{len(saved)} episodes · "
+        f"{html.escape(saved.model_family or 'model family unknown')} · <label>termination reason "
+        f"<select id=\"reason-filter\" onchange=\"filterReason(this.value)\">{options}</select></label> "
+        f"showing <span id=\"shown\">{len(saved)}</span> of {len(saved)} · "
+        "<span class=\"sampled\">sampled (loss mask 1)</span> <span class=\"obs\">observation (loss mask 0)</span>"
+        f"</p></header><main>{_index(episodes)}{_batch(saved)}"
+        + "".join(sections)
+        + f"</main><div id=\"overlay\"><img alt=\"enlarged image\"></div><script>{_JS}</script></body></html>"
     )
 
 
@@ -271,22 +401,27 @@ def _fmt(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def write_html(path: str | Path, out_html: str | Path, model_dir: Optional[str | Path] = None) -> Path:
-    """Read a saved batch (or pickled trainer DataProto) and write its HTML view; returns the path."""
+def write_html(path: str | Path, out_html: str | Path, model_dir: Optional[str | Path] = None,
+               truths: Optional[str | Path] = None) -> Path:
+    """Read a saved batch (or pickled trainer DataProto) and write its HTML view; returns the path.
+    `truths`: a file of ground truths for a batch without them (`episode_facts.load_truths`)."""
     try:
         saved = load_rollout(path)
-    except NotABatchError as e:
+        known = None if truths is None else facts.load_truths(truths)
+    except ValueError as e:  # NotABatchError, or a truths file of another shape
         raise ViewInputError(str(e)) from e
-    page = render(saved, None if model_dir is None else str(model_dir), title=f"rollout {Path(path).name}")
+    page = render(saved, None if model_dir is None else str(model_dir), title=f"rollout {Path(path).name}",
+                  truths=known)
     out = Path(out_html)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")
     return out
 
 
-def main(path: str | Path, out_html: str | Path, model_dir: Optional[str] = None) -> int:
+def main(path: str | Path, out_html: str | Path, model_dir: Optional[str] = None,
+         truths: Optional[str | Path] = None) -> int:
     try:
-        out = write_html(path, out_html, model_dir)
+        out = write_html(path, out_html, model_dir, truths=truths)
     except (ViewInputError, FileNotFoundError) as e:
         print(f"error: {e}")
         return 2

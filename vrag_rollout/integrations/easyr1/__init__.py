@@ -23,6 +23,7 @@ the driver does not reach them. One module per job:
   `worker_setup_hook`);
 * `ray_env`: the job's runtime_env (`make_runtime_env`);
 * `entry`: `main()`, a drop-in for `python -m verl.trainer.main`.
+* `preflight`: what `scripts/train_easyr1.sh` checks before it starts (EasyR1, config, data, index).
 
 Nothing here imports EasyR1 at import time: the PyPI package `verl` (volcengine's) has the same
 import name, so EasyR1 is recognised by its file layout and every use fails with a clear

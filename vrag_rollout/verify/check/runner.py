@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from ..saved_batch import NotABatchError, SavedBatch, load_rollout
 from .contract import check_row_contract, check_shapes
@@ -84,17 +84,26 @@ def check_batch(saved: SavedBatch, model_dir: str | Path, *, forward: bool = Fal
     return report
 
 
-def run_check(path: str | Path, model_dir: str | Path, forward: bool = False,
+def run_check(path: str | Path, model_dir: Optional[str | Path] = None, forward: bool = False,
               forward_tolerance: float = 1e-3) -> Report:
-    """Load `path` (a saved batch or a pickled trainer DataProto) and check it against `model_dir`."""
+    """Load `path` (a saved batch or a pickled trainer DataProto) and check it against `model_dir`
+    (default: the model directory the batch records)."""
     try:
         saved = load_rollout(path)
     except NotABatchError as e:
         raise CheckInputError(str(e)) from e
+    if model_dir is None:
+        recorded = saved.model_path
+        if not recorded or not (Path(recorded) / "config.json").is_file():
+            raise CheckInputError(
+                f"{path} records no model directory that exists here ({recorded or 'none'}): pass --model DIR"
+                + (f" (a {saved.model_family} model; `vrag-rollout build-tiny-model --family ...` builds a tiny one)"
+                   if saved.model_family else ""))
+        model_dir = recorded
     return check_batch(saved, model_dir, forward=forward, forward_tolerance=forward_tolerance, path=str(path))
 
 
-def main(path: str, model_dir: str, forward: bool = False, forward_tolerance: float = 1e-3) -> int:
+def main(path: str, model_dir: Optional[str] = None, forward: bool = False, forward_tolerance: float = 1e-3) -> int:
     """CLI body: the human report, then one JSON line; 0 pass, 1 failures, 2 unusable input."""
     try:
         report = run_check(path, model_dir, forward=forward, forward_tolerance=forward_tolerance)

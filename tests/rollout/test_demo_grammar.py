@@ -1,0 +1,47 @@
+"""The demo exercises what it demonstrates: its first-turn grammar (`first_turn_action_regex`)
+makes every episode search or fetch before it may answer, so pages come back as images in tool
+turns in both action formats; later turns may answer. Control: without it, episodes answer at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import SAMPLE_RETRIEVAL
+from tests.rollout.agent_helpers import make_agent, sample_prompts
+from vrag_rollout.devkit.demo import demo_config, demo_prompts
+from vrag_rollout.retrieval.client import RetrieverClient
+from vrag_rollout.retrieval.fixtures import FixtureTransport
+
+
+def rollout(tiny_model_dir, tiny_processor, tiny_llm, action_format, **overrides):
+    client = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))
+    lengths = {"prompt_length": 1024} if action_format == "tool_call" else {}
+    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=2, max_turns=3,
+                       action_format=action_format, **lengths, **overrides)
+    return agent.generate_sequences(demo_prompts(tiny_processor.tokenizer, tiny_processor,
+                                                 sample_prompts(4, with_images=False), agent.config))
+
+
+@pytest.mark.parametrize("action_format", ["tags", "tool_call"])
+def test_every_demo_episode_retrieves_pages(tiny_model_dir, tiny_processor, tiny_llm, action_format):
+    output = rollout(tiny_model_dir, tiny_processor, tiny_llm, action_format)
+    # every episode holds an observation (a retrieved page, or the error of a page out of range)
+    observed = (output.batch["response_mask"].bool() & ~output.batch["loss_mask"].bool()).any(-1)
+    assert observed.all(), observed
+    assert output.meta_info["metrics"]["rollout/images_retrieved"] > 0
+    assert output.meta_info["action_grammar"]
+
+
+def test_control_without_the_first_turn_grammar_some_episode_answers_at_once(tiny_model_dir, tiny_processor,
+                                                                             tiny_llm):
+    output = rollout(tiny_model_dir, tiny_processor, tiny_llm, "tool_call", first_turn_action_regex=None)
+    observed = (output.batch["response_mask"].bool() & ~output.batch["loss_mask"].bool()).any(-1)
+    assert not observed.all(), observed
+
+
+def test_the_demo_config_sets_it_for_both_formats_and_yields_to_a_callers_grammar():
+    for action_format in ("tags", "tool_call"):
+        config = demo_config(action_format=action_format)
+        assert config.first_turn_action_regex and "<answer>" not in config.first_turn_action_regex
+        assert "<answer>" in config.action_regex
+    assert demo_config(action_regex="<answer>x</answer>").first_turn_action_regex is None

@@ -1,0 +1,55 @@
+"""`vrag-rollout --help` (and every subcommand's) starts without loading torch, tensordict or vLLM:
+the package's public names are imported on first use. Checked in a fresh interpreter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import sys
+from vrag_rollout.cli import main
+try:
+    main(sys.argv[1:] + ["--help"])
+except SystemExit:
+    pass
+heavy = sorted(name for name in ("torch", "tensordict", "vllm", "transformers") if name in sys.modules)
+print("HEAVY=" + ",".join(heavy))
+"""
+
+
+@pytest.mark.parametrize("command", [[], ["demo"], ["learn"], ["check"], ["view"], ["convert-dataset"]])
+def test_help_loads_no_heavy_library(command):
+    done = subprocess.run([sys.executable, "-c", PROBE, *command], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage: vrag-rollout" in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "HEAVY=", done.stdout[-500:]
+
+
+def test_the_public_names_resolve_on_first_use():
+    import vrag_rollout
+
+    assert vrag_rollout.AgentRolloutConfig().load_format == "auto"
+    from vrag_rollout import DataProto, PromptSample, build_prompts, vLLMRolloutAgent  # noqa: F401
+
+    assert set(vrag_rollout.__all__) <= set(dir(vrag_rollout))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        vrag_rollout.nope
+
+
+@pytest.mark.parametrize("command", ["demo", "learn"])
+def test_a_model_directory_that_cannot_run_is_a_usage_error(command, tmp_path, capsys):
+    from vrag_rollout.cli import main
+
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text('{"model_type": "llama"}')
+    for model, message in ((tmp_path / "missing", "not a local model directory"),
+                           (tmp_path / "llama", "model_type 'llama' is not supported")):
+        with pytest.raises(SystemExit) as exit_info:
+            main([command, "--model", str(model), "--out", str(tmp_path / "out")])
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
