@@ -53,3 +53,16 @@ def test_a_model_directory_that_cannot_run_is_a_usage_error(command, tmp_path, c
         assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
+
+
+def test_every_option_of_every_subcommand_is_explained():
+    import argparse
+
+    from vrag_rollout.cli import build_parser
+
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    silent = [f"{name} {action.option_strings or action.dest}"
+              for name, sub in subparsers.choices.items() for action in sub._actions
+              if not isinstance(action, argparse._HelpAction) and not action.help]
+    assert silent == []

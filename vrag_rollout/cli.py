@@ -12,18 +12,25 @@ from .devkit.learn_job import DEFAULTS as LEARN_DEFAULTS
 from .families import FAMILY_NAMES
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand and option (parsing only: nothing heavy is imported here)."""
     parser = argparse.ArgumentParser(prog="vrag-rollout", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="run a real agent rollout on vLLM against the embedded retriever")
+    def subcommand(name: str, **kwargs: object) -> argparse.ArgumentParser:
+        # every subcommand's --help shows each option's default
+        return commands.add_parser(name, formatter_class=argparse.ArgumentDefaultsHelpFormatter, **kwargs)
+
+    demo = subcommand("demo", help="run a real agent rollout on vLLM against the embedded retriever")
     demo.add_argument("--out", type=Path, default=Path("artifacts/demo_rollout.pt"), help="where to save the batch (docs/saved-batch.md); the HTML view goes beside it")
     demo.add_argument("--batch-size", type=int, default=4, help="number of questions (prompts)")
     demo.add_argument("--n", type=int, default=2, help="samples per question")
-    demo.add_argument("--max-turns", type=int, default=4)
-    demo.add_argument("--response-length", type=int, default=768)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--rollout-mode", choices=["sync", "continuous"], default="continuous")
+    demo.add_argument("--max-turns", type=int, default=4, help="generation turns per episode")
+    demo.add_argument("--response-length", type=int, default=768,
+                      help="token budget of an episode's response (sampled text and observations)")
+    demo.add_argument("--seed", type=int, default=0, help="base of the per-sample sampling seeds")
+    demo.add_argument("--rollout-mode", choices=["sync", "continuous"], default="continuous",
+                      help="continuous: each sample advances on its own; sync: one generate call per turn")
     demo.add_argument("--retriever-url", default=None, help="use a running retriever instead of the embedded one")
     demo.add_argument("--fixtures", default=None, help="replay recorded retriever traffic from this file")
     demo.add_argument("--family", choices=FAMILY_NAMES, default=None,
@@ -33,37 +40,40 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     demo.add_argument("--model", default=None,
                       help="run on this local checkpoint of a supported family instead of a tiny model")
 
-    learn = commands.add_parser(
+    learn = subcommand(
         "learn", help="GRPO on CPU with a tiny model: roll out, score, update the HF model, sync it into the engine, "
                       "check; writes metrics.jsonl, reward.png, final/ and eval.pt",
     )
     learn.add_argument("--out", type=Path, default=Path("artifacts/learn"),
                        help="output directory: metrics.jsonl, reward.png, final/ (the trained model), eval.pt")
-    learn.add_argument("--steps", type=int, default=LEARN_DEFAULTS["steps"])
+    learn.add_argument("--steps", type=int, default=LEARN_DEFAULTS["steps"], help="GRPO steps")
     learn.add_argument("--batch-size", type=int, default=LEARN_DEFAULTS["batch_size"],
                        help="number of questions (prompts) per step")
     learn.add_argument("--n", type=int, default=LEARN_DEFAULTS["n"], help="samples per question (the GRPO group)")
-    learn.add_argument("--max-turns", type=int, default=LEARN_DEFAULTS["max_turns"])
-    learn.add_argument("--response-length", type=int, default=LEARN_DEFAULTS["response_length"])
-    learn.add_argument("--temperature", type=float, default=LEARN_DEFAULTS["temperature"])
+    learn.add_argument("--max-turns", type=int, default=LEARN_DEFAULTS["max_turns"], help="generation turns per episode")
+    learn.add_argument("--response-length", type=int, default=LEARN_DEFAULTS["response_length"],
+                       help="token budget of an episode's response (sampled text and observations)")
+    learn.add_argument("--temperature", type=float, default=LEARN_DEFAULTS["temperature"],
+                       help="sampling temperature (the update's log-probs use the same)")
     learn.add_argument("--lr", type=float, default=LEARN_DEFAULTS["lr"], help="AdamW learning rate")
-    learn.add_argument("--seed", type=int, default=0)
+    learn.add_argument("--seed", type=int, default=0, help="seeds the sampling and the HF model's update")
     learn.add_argument("--retriever-url", default=None, help="use a running retriever instead of the embedded one")
     learn.add_argument("--fixtures", default=None, help="replay recorded retriever traffic from this file")
     learn.add_argument("--family", choices=FAMILY_NAMES, default=None, help="tiny model family (default qwen2-vl)")
     learn.add_argument("--model", default=None, help="a local checkpoint of a supported family instead")
-    learn.add_argument("--action-format", choices=("tags", "tool_call"), default="tags")
+    learn.add_argument("--action-format", choices=("tags", "tool_call"), default="tags",
+                       help="tags: <fetch>/<answer> in one turn; tool_call: the chat template's own tool calls")
     learn.add_argument("--data", type=Path, default=None,
                        help="your questions instead of the find-the-page task: a parquet from convert-dataset "
                             "(the first --batch-size rows; no action grammar: the model writes its own actions)")
     learn.add_argument("--index", type=Path, default=None,
                        help="serve this retriever index (vrag-retriever index) instead of the sample corpus's")
 
-    record = commands.add_parser(
+    record = subcommand(
         "record-fixtures", help="record every retriever call the demo (or, with --data, a converted dataset) can "
                                 "make from a live server, for replay"
     )
-    record.add_argument("--out", type=Path, required=True)
+    record.add_argument("--out", type=Path, required=True, help="the fixture file to write (JSON)")
     record.add_argument("--retriever-url", default=None,
                         help="default: the embedded server on the sample corpus (with --data: on --index)")
     record.add_argument("--data", type=Path, default=None,
@@ -78,22 +88,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="with --data: the replaying run's top_n (searches are keyed by it; default: the "
                              "rollout config's)")
 
-    build = commands.add_parser("build-tiny-model", help="build a tiny offline model of a family (demo and tests)")
-    build.add_argument("out_dir", type=Path, nargs="?", default=None, help="default: the cache the demo uses")
-    build.add_argument("--family", choices=FAMILY_NAMES, default="qwen2-vl")
+    build = subcommand("build-tiny-model", help="build a tiny offline model of a family (demo and tests)")
+    build.add_argument("out_dir", type=Path, nargs="?", default=None,
+                       help="where to build it (default: the cache the demo uses); prints the directory")
+    build.add_argument("--family", choices=FAMILY_NAMES, default="qwen2-vl", help="the model family to build")
 
-    check = commands.add_parser(
+    check = subcommand(
         "check", help="verify a saved rollout batch (or a pickled trainer DataProto) against the model's own code"
     )
-    check.add_argument("file", type=Path)
+    check.add_argument("file", type=Path, help="a saved batch (docs/saved-batch.md) or a pickled trainer DataProto")
     check.add_argument("--model", default=None,
                        help="the model directory (its config, processor and weights); default: the one the batch "
                             "records")
     check.add_argument("--forward", action="store_true", help="also compare rollout logprobs with a forward pass")
     check.add_argument("--forward-tolerance", type=float, default=1e-3, help="largest logprob gap that passes")
 
-    view = commands.add_parser("view", help="write a self-contained HTML page of a saved rollout batch")
-    view.add_argument("file", type=Path)
+    view = subcommand("view", help="write a self-contained HTML page of a saved rollout batch")
+    view.add_argument("file", type=Path, help="a saved batch (docs/saved-batch.md) or a pickled trainer DataProto")
     view.add_argument("-o", "--out", type=Path, required=True, help="the HTML file to write")
     view.add_argument("--model", default=None,
                       help="decode with this model's tokenizer (default: the batch's own token texts)")
@@ -101,7 +112,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help="ground truths for a batch without a ground_truth column, matched by question: a "
                            "convert-dataset parquet or a JSON object {question: answer or {answer, doc_id, gold_pages}}")
 
-    convert = commands.add_parser(
+    convert = subcommand(
         "convert-dataset", help="VRAG-style document-QA JSON -> the EasyR1 trainer's parquet (vrag_rollout.data.dataset)"
     )
     convert.add_argument("source", type=Path, help='JSON array, {"data": [...]} or JSON Lines of questions')
@@ -117,7 +128,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               "pages pass its end (without it, such a page stops the conversion)")
     convert.add_argument("--action-format", choices=["tags", "tool_call"], default="tags",
                          help="the instructions written into each prompt (match worker.rollout.action_format)")
+    return parser
 
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     # vLLM's CPU worker logs a warning on every generate call; keep the demo's output readable.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
