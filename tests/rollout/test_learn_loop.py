@@ -226,6 +226,15 @@ def test_check_without_model_refuses_a_batch_whose_model_is_not_here(run, tmp_pa
         run_check(tmp_path / "moved.pt")
 
 
+def test_check_against_another_family_says_which_tiny_model_to_build(run):
+    from vrag_rollout.devkit.tiny_model import build_tiny_model, default_model_dir
+    from vrag_rollout.verify.check import CheckInputError
+
+    other = build_tiny_model(default_model_dir("qwen3-vl"), "qwen3-vl")
+    with pytest.raises(CheckInputError, match="build-tiny-model --family qwen2-vl"):
+        run_check(run["eval_path"], other)
+
+
 # --- pure checks ----------------------------------------------------------------------------------
 
 def test_a_gap_over_tolerance_fails_the_run():

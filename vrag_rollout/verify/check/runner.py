@@ -41,7 +41,9 @@ def check_batch(saved: SavedBatch, model_dir: str | Path, *, forward: bool = Fal
     oracle = load_oracle(str(model_dir))
     if saved.model_family and not _same_family(saved.model_family, oracle.family):
         raise CheckInputError(
-            f"the batch was made by a {saved.model_family} model but --model {model_dir} is {oracle.family}"
+            f"the batch was made by a {saved.model_family} model but --model {model_dir} is {oracle.family}: "
+            f"pass that model, or for a tiny model's batch `vrag-rollout build-tiny-model --family "
+            f"{str(saved.model_family).replace('_', '-').replace('2-5', '2.5')}` builds it"
         )
     report = Report(path=str(path), model_dir=str(model_dir), samples=len(saved), model_family=oracle.family)
     fails, notes = check_shapes(saved)
