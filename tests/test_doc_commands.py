@@ -29,21 +29,16 @@ cores shared with another learn run), with the reason.
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from vrag_rollout.cli import build_parser
 
-from .retriever.test_doc_commands import bash_blocks
+from tests.doc_blocks import bash_blocks, run_logged
 
 ROOT = Path(__file__).resolve().parents[1]
 # Run in this order, in one session.
@@ -162,18 +157,7 @@ class Session:
 
     def run(self, command: str) -> tuple[int, str, str]:
         self.count += 1
-        out, err = self.work / f".out{self.count}", self.work / f".err{self.count}"
-        with open(out, "wb") as stdout, open(err, "wb") as stderr:
-            proc = subprocess.Popen(["bash", "-c", command], cwd=self.work, stdout=stdout,
-                                    stderr=stderr, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-            try:
-                code = proc.wait(timeout=COMMAND_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                code = -1
-        return code, out.read_text(errors="replace"), err.read_text(errors="replace")
+        return run_logged(command, self.work, self.count, COMMAND_TIMEOUT_S)
 
 
 def check(command: str, code: int, out: str, err: str, work: Path, actual: str = "") -> str | None:

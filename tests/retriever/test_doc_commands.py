@@ -19,14 +19,14 @@ import os
 import re
 import shlex
 import signal
-import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from retriever_server.cli import build_parser
+
+from tests.doc_blocks import Command, bash_blocks, run_logged
 
 from .serving_helpers import free_port
 
@@ -42,52 +42,6 @@ TEMPLATES = {
         "a synopsis of serve's options (their defaults: test_serve_synopsis_shows_the_defaults)",
 }
 _PLACEHOLDER = re.compile(r"<[A-Za-z0-9 ]+>")
-
-
-@dataclass
-class Command:
-    text: str
-    expected: str | None = None
-
-
-@dataclass
-class Block:
-    heading: str
-    lines: list[str]
-    commands: list[Command] = field(default_factory=list)
-
-
-def bash_blocks(doc: str) -> list[Block]:
-    """The doc's ```bash blocks, each split into commands (continuation lines joined) with the
-    ``# -> `` line after a command as its expected output."""
-    blocks, heading, block = [], "", None
-    for line in doc.splitlines():
-        if block is None:
-            if line.startswith("#"):
-                heading = line.lstrip("# ")
-            elif line.strip() == "```bash":
-                block = Block(heading, [])
-        elif line.strip() == "```":
-            blocks.append(block)
-            block = None
-        else:
-            block.lines.append(line)
-    for block in blocks:
-        pending = ""
-        for line in block.lines:
-            if pending:
-                pending += "\n" + line
-            elif line.startswith("# -> "):
-                block.commands[-1].expected = line.removeprefix("# -> ")
-                continue
-            elif not line.strip() or line.lstrip().startswith("#"):
-                continue
-            else:
-                pending = line
-            if not pending.endswith("\\"):
-                block.commands.append(Command(pending))
-                pending = ""
-    return blocks
 
 
 def _json_matches(expected, actual) -> bool:
@@ -131,21 +85,9 @@ class Session:
 
     def run(self, command: str) -> tuple[int, str, str]:
         self.count += 1
-        out, err = self.work / f".out{self.count}", self.work / f".err{self.count}"
-        with open(out, "wb") as stdout, open(err, "wb") as stderr:
-            # Files, not pipes: a server started with & keeps writing after bash exits.
-            proc = subprocess.Popen(["bash", "-c", on_port(command, self.port)], cwd=self.work,
-                                    stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-            if re.search(r"&\s*(#.*)?$", command, re.M):
-                self.groups.append(proc.pid)  # the job's process group, led by this bash
-            try:
-                code = proc.wait(timeout=COMMAND_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                code = -1
-        return code, out.read_text(errors="replace"), err.read_text(errors="replace")
+        background = re.search(r"&\s*(#.*)?$", command, re.M) is not None
+        return run_logged(on_port(command, self.port), self.work, self.count, COMMAND_TIMEOUT_S,
+                          self.groups if background else None)
 
     def close(self) -> None:
         for group in self.groups:
