@@ -128,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
                               "pages pass its end (without it, such a page stops the conversion)")
     convert.add_argument("--action-format", choices=["tags", "tool_call"], default="tags",
                          help="the instructions written into each prompt (match worker.rollout.action_format)")
+    convert.add_argument("--val-out", type=Path, default=None,
+                         help="also write a validation parquet here, with --val-fraction of the questions "
+                              "(the rest go to --out)")
+    convert.add_argument("--val-fraction", type=float, default=0.1,
+                         help="share of the questions (or documents, --split-by document) in --val-out")
+    convert.add_argument("--split-by", choices=["question", "document"], default="question",
+                         help="split by question, or keep each document's questions on one side")
     return parser
 
 
@@ -207,9 +214,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "convert-dataset":
         from .data.dataset import convert_dataset_command
 
+        if args.val_out is not None and not 0 < args.val_fraction < 1:
+            build_parser().error(f"--val-fraction must be between 0 and 1, got {args.val_fraction}")
         return convert_dataset_command(args.source, args.out, index_dir=args.index, report_path=args.report,
                                        page_base=args.page_base, drop_missing=args.drop_missing,
-                                       action_format=args.action_format)
+                                       action_format=args.action_format, val_out=args.val_out,
+                                       val_fraction=args.val_fraction if args.val_out is not None else 0.0,
+                                       split_of=args.split_by)
     return 2
 
 

@@ -84,6 +84,9 @@ class AgentRolloutConfig:
     max_fetch_text_tokens: int = 512
     # The non-tensor batch column holding each sample's document id.
     doc_id_key: str = "doc_id"
+    # The column holding each document's page count as the data recorded it (`convert-dataset
+    # --index` writes it); where a batch has it, the preflight checks the retriever's counts agree.
+    page_count_key: str = "page_count"
     # Images one sample may hold (prompt + retrieved); 0 = limit_images, or derived from turns.
     max_images_per_sample: int = 0
     # "auto" follows the input's position_ids; "4" or "3" forces the (bs, 4|3, L) layout.

@@ -95,6 +95,17 @@ def test_tight_budget_admits_images_whole_or_ends_the_sample(tiny_model_dir, tin
     assert "budget" in reasons or metrics["rollout/images_dropped_budget"] > 0
     assert metrics["rollout/truncated"] == reasons.count("budget") + reasons.count("length")
     assert_images_whole(output, tiny_processor)
+    overflows = output.non_tensor_batch["budget_overflow"]
+    lengths = output.batch["attention_mask"][:, -response_length:].sum(-1).tolist()
+    for reason, overflow, length in zip(reasons, overflows, lengths):
+        if overflow is None:  # a budget ending without one: the last observation filled it exactly
+            assert reason != "budget" or length == response_length
+            continue
+        assert reason == "budget"
+        assert overflow["remaining"] == response_length - length < overflow["tokens"]
+        assert overflow["turn"] >= 1 and all(page.startswith(("product_guide", "annual_report", "safety_manual"))
+                                             for page in overflow["page_ids"])
+    assert any(overflow is not None for overflow in overflows)
     for row in range(len(output)):  # the text row still strictly increases through the padding
         assert torch.all(torch.diff(output.batch["position_ids"][row, 0][output.batch["attention_mask"][row].argmax():]) == 1)
 

@@ -295,3 +295,47 @@ def test_a_byte_order_mark_is_read_and_other_numbers_stay_strict(tmp_path):
         with pytest.raises(dataset.DatasetError) as caught:
             dataset.convert_dataset(write_jsonl(tmp_path / "f.jsonl", [row]), tmp_path / "t.parquet")
         assert (caught.value.where, caught.value.field) == ("line 1", field)
+
+
+def test_with_an_index_each_row_records_its_documents_page_count(tmp_path):
+    index = make_index(tmp_path, {"report": 5, "deck": 12})
+    src = write_jsonl(tmp_path / "qa.jsonl", [question("a"), question("b", "deck.pdf", [12]), question("c", "gone.pdf")])
+    dataset.convert_dataset(src, tmp_path / "t.parquet", index_dir=index)
+    table = pq.read_table(tmp_path / "t.parquet")
+    assert table.to_pydict()["page_count"] == [5, 12, None]  # None: the index lacks that document
+    assert str(table.schema.field("page_count").type) == "int64"
+    dataset.convert_dataset(src, tmp_path / "plain.parquet")
+    assert "page_count" not in pq.read_table(tmp_path / "plain.parquet").column_names
+
+
+def test_a_validation_split_is_stable_disjoint_and_complete(tmp_path, capsys):
+    rows = [question(f"q{k}", f"doc{k % 7}.pdf", [1]) for k in range(200)]
+    src = write_jsonl(tmp_path / "qa.jsonl", rows)
+    shuffled = write_jsonl(tmp_path / "shuffled.jsonl", rows[::-1])
+    train, val = tmp_path / "train.parquet", tmp_path / "val.parquet"
+    assert cli_main(["convert-dataset", str(src), "--out", str(train), "--val-out", str(val),
+                     "--val-fraction", "0.2"]) == 0
+    assert "to " + str(val) in capsys.readouterr().out
+    ids = {name: pq.read_table(path).to_pydict()["question_id"] for name, path in (("train", train), ("val", val))}
+    assert not set(ids["train"]) & set(ids["val"]) and sorted(ids["train"] + ids["val"]) == sorted(r["uid"] for r in rows)
+    assert 20 <= len(ids["val"]) <= 60  # about a fifth of 200
+    assert ids["train"] == [r["uid"] for r in rows if r["uid"] in set(ids["train"])]  # input order kept
+    dataset.convert_dataset(shuffled, tmp_path / "t2.parquet", val_out=tmp_path / "v2.parquet", val_fraction=0.2)
+    assert set(pq.read_table(tmp_path / "v2.parquet").to_pydict()["question_id"]) == set(ids["val"])  # order-free
+    # by document: every document's questions on one side only
+    dataset.convert_dataset(src, tmp_path / "t3.parquet", val_out=tmp_path / "v3.parquet", val_fraction=0.3,
+                            split_of="document")
+    train_docs = set(pq.read_table(tmp_path / "t3.parquet").to_pydict()["doc_id"])
+    val_docs = set(pq.read_table(tmp_path / "v3.parquet").to_pydict()["doc_id"])
+    assert train_docs and val_docs and not train_docs & val_docs and train_docs | val_docs == {f"doc{k}" for k in range(7)}
+
+
+def test_a_split_that_leaves_one_side_empty_is_refused(tmp_path, capsys):
+    src = write_jsonl(tmp_path / "qa.jsonl", [question("only")])
+    assert cli_main(["convert-dataset", str(src), "--out", str(tmp_path / "t.parquet"), "--val-out",
+                     str(tmp_path / "v.parquet"), "--val-fraction", "0.5"]) == 2
+    assert "leaves no" in capsys.readouterr().err
+    assert not (tmp_path / "t.parquet").exists() and not (tmp_path / "v.parquet").exists()
+    with pytest.raises(SystemExit):
+        cli_main(["convert-dataset", str(src), "--out", str(tmp_path / "t.parquet"), "--val-out",
+                  str(tmp_path / "v.parquet"), "--val-fraction", "1.5"])

@@ -202,6 +202,7 @@ def test_other_verl_is_named_in_the_error(no_easyr1, monkeypatch, tmp_path):
 def test_runtime_env_installs_the_hook_and_forwards_the_doc_column():
     class Rollout:
         doc_id_key = "document"
+        page_count_key = "pages"
 
     class Worker:
         rollout = Rollout()
@@ -213,7 +214,7 @@ def test_runtime_env_installs_the_hook_and_forwards_the_doc_column():
     assert env["worker_process_setup_hook"] == glue.SETUP_HOOK
     module, _, func = glue.SETUP_HOOK.rpartition(".")
     assert module == glue.__name__ and callable(getattr(glue, func))
-    assert env["env_vars"][glue.GENERATION_KEYS_ENV] == "document"
+    assert env["env_vars"][glue.GENERATION_KEYS_ENV] == "document,pages"
     assert env["env_vars"]["EXTRA"] == "1"
 
 

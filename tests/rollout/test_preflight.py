@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 
 from tests.rollout.agent_helpers import make_agent, prompt_batch
@@ -78,17 +79,65 @@ def test_the_config_refuses_an_unknown_mode():
 
 # --- against the real server ----------------------------------------------------------------------
 
+def sample_page_counts() -> dict:
+    """{doc_id: pages} of the sample corpus's PDFs, counted by pypdfium2 (not by the index)."""
+    import pypdfium2
+
+    from vrag_rollout.devkit.demo import cache_dir
+
+    counts = {}
+    for pdf in sorted((cache_dir() / "sample-corpus").glob("*.pdf")):
+        document = pypdfium2.PdfDocument(str(pdf))
+        counts[pdf.stem] = len(document)
+        document.close()
+    return counts
+
+
 def test_the_check_against_a_live_server(server_url):
+    pages = sample_page_counts()
     with RetrieverClient(server_url) as client:
-        known: set = set()
+        known: dict = {}
         assert preflight_problem(client, ["annual_report", None, "safety_manual"], known) is None
-        assert known == {"annual_report", "safety_manual"}
+        assert known == {"annual_report": pages["annual_report"], "safety_manual": pages["safety_manual"]}
         problem = preflight_problem(client, ["annual_report", "annual_reprot", "q3_memo"], known)
     assert "does not serve 2 document(s) of this batch: annual_reprot, q3_memo" in problem
     assert "vrag-retriever index" in problem and server_url in problem
     with RetrieverClient(DEAD_URL, retries=0, timeout=1.0) as dead:
-        problem = preflight_problem(dead, ["annual_report"], set())
+        problem = preflight_problem(dead, ["annual_report"], {})
     assert "unreachable" in problem and "vrag-retriever serve" in problem
+
+
+def test_page_counts_the_data_recorded_must_match_the_served_ones(server_url):
+    pages = sample_page_counts()
+    docs = ["annual_report", "annual_report", "safety_manual", None]
+    right = [pages["annual_report"], pages["annual_report"], None, 7]  # None: not recorded for that row
+    with RetrieverClient(server_url) as client:
+        assert preflight_problem(client, docs, {}, right) is None
+        wrong = [pages["annual_report"] + 1, pages["annual_report"] + 1, pages["safety_manual"], None]
+        fresh = preflight_problem(client, docs, {}, wrong)
+        known: dict = {}
+        preflight_problem(client, docs, known)
+        cached = preflight_problem(client, docs, known, wrong)  # answered from the cache: same verdict
+    expected = (f"serves 1 document(s) of this batch with other page counts than the data recorded: annual_report "
+                f"({pages['annual_report'] + 1} in the data, {pages['annual_report']} served)")
+    assert expected in fresh and expected in cached
+    assert "convert-dataset --index" in fresh and server_url in fresh
+
+
+def test_a_batch_whose_page_counts_disagree_is_refused_before_sampling(server_url, tiny_model_dir, tiny_processor,
+                                                                     tiny_llm, engine_requests):
+    pages = sample_page_counts()
+    with RetrieverClient(server_url) as client:
+        agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=2, max_turns=2)
+        prompts = prompt_batch(tiny_processor, questions("annual_report", "safety_manual"), agent)
+        prompts.non_tensor_batch["page_count"] = np.array([pages["annual_report"], pages["safety_manual"] - 1],
+                                                          dtype=object)
+        with pytest.raises(RetrieverPreflightError, match=r"safety_manual \(\d+ in the data, \d+ served\)"):
+            agent.generate_sequences(prompts)
+        assert engine_requests == []
+        prompts.non_tensor_batch["page_count"][1] = pages["safety_manual"]  # the control: right counts run
+        agent.generate_sequences(prompts)
+    assert engine_requests
 
 
 def test_a_batch_with_an_unknown_document_is_refused_before_sampling(server_url, tiny_model_dir, tiny_processor,

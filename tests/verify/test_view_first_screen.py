@@ -297,12 +297,15 @@ def test_a_budget_end_says_which_turn_and_what_did_not_fit(budget_rollout, tiny_
         kind = "search" if "<search>" in turn_text else "fetch"  # the grammar: one action per turn
         body = turn_text.rsplit(f"<{kind}>", 1)[1].split(f"</{kind}>")[0].strip()
         assert note.startswith(f"budget the result of turn {turn} ({kind} {body}"), (note, turn_text)
+        overflow = saved.columns["budget_overflow"][row]
         if loss[-1] == 0 and used == R:  # the result came in and filled the response
+            assert overflow is None
             assert "filled the response to its last token" in note
             assert all(p in note for p in saved.columns["page_ids"][row][-1])
-        else:
-            assert f"did not fit the {R - used} tokens left of {R}" in note
-            assert "does not record what that result held" in note
+        else:  # the rollout recorded what did not fit: the pages and their size
+            assert overflow["remaining"] == R - used < overflow["tokens"] and overflow["turn"] == turn
+            assert f"({overflow['tokens']} tokens) did not fit the {R - used} tokens left of {R}" in note
+            assert all(p in note for p in overflow["page_ids"])
         assert f"turn {turn}" in text(rows[row].find_all("td", "end")[0])
 
 
@@ -310,7 +313,8 @@ def test_a_recorded_overflow_is_named_with_its_pages():
     note = episode_facts.budget_note(
         turn=2, last_sampled="<search>x</search>", last_is_observation=False, remaining=40, length=512,
         overflow={"turn": 2, "tokens": 70, "remaining": 40, "page_ids": ["report_3", "report_5"]})
-    assert note == "turn 2: report_3, report_5 (70 tokens) did not fit the 40 tokens left of 512"
+    assert note == ("the result of turn 2 (search x): report_3, report_5 (70 tokens) did not fit the 40 tokens "
+                    "left of 512")
 
 
 def test_budget_note_of_a_tool_call_turn():

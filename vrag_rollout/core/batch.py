@@ -140,6 +140,7 @@ def episode_columns(
         ),
         "page_ids": object_array([[list(turn) for turn in ep.page_ids] for ep in episodes]),
         "termination_reason": object_array([ep.termination for ep in episodes]),
+        "budget_overflow": object_array([ep.budget_overflow for ep in episodes]),
         "num_turns": np.array([ep.turns for ep in episodes], dtype=np.int64),
         "num_searches": np.array([ep.searches for ep in episodes], dtype=np.int64),
         "num_fetches": np.array([ep.fetches for ep in episodes], dtype=np.int64),

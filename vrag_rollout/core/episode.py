@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from .observation import Observation
+from .observation import Observation, Overflow
 
 # Why an episode ended. "budget": an observation did not fit the remaining response budget.
 TERMINATION_REASONS = (
@@ -50,6 +50,9 @@ class Episode:
     images_dropped: int = 0
     answer: Optional[str] = None
     termination: Optional[str] = None
+    # Why a "budget" ending: {"turn", "tokens", "remaining", "page_ids"} of the result that did
+    # not fit (the tokens its smallest form needed, the tokens left); None otherwise.
+    budget_overflow: Optional[dict] = None
 
     @property
     def done(self) -> bool:
@@ -106,6 +109,12 @@ class Episode:
 
     def count_invalid(self, kind: str) -> None:
         self.invalid_kinds[kind] += 1
+
+    def record_overflow(self, overflow: Optional[Overflow]) -> None:
+        if self.done or overflow is None:
+            return
+        self.budget_overflow = {"turn": self.turns, "tokens": overflow.tokens, "remaining": self.remaining,
+                                "page_ids": list(overflow.page_ids)}
 
     def finish(self, reason: str) -> None:
         if reason not in TERMINATION_REASONS:

@@ -16,6 +16,8 @@ from .serial_tokenizer import serial
 
 RESULT_OPEN = "<result>"
 RESULT_CLOSE = "</result>"
+NO_PAGES = "no pages found for this query."
+IMAGE_LIMIT = "the image limit of this episode is reached; answer now."
 
 @dataclass(frozen=True)
 class VisionTokens:
@@ -47,6 +49,15 @@ class Observation:
     @property
     def num_images(self) -> int:
         return len(self.images)
+
+
+@dataclass(frozen=True)
+class Overflow:
+    """A result that did not fit the response budget: the fewest tokens an observation of it
+    needed, and the pages it would have shown."""
+
+    tokens: int
+    page_ids: tuple[str, ...] = ()
 
 
 @dataclass
@@ -106,9 +117,9 @@ class ObservationBuilder:
             kept_ids.append(page_id)
             room -= len(block_trainer)
         if not images:
-            return self.message("no pages found for this query.", budget)
+            return self.message(NO_PAGES, budget)
         if not kept and image_slots <= 0:
-            limit = self.message("the image limit of this episode is reached; answer now.", budget)
+            limit = self.message(IMAGE_LIMIT, budget)
             return None if limit is None else dataclasses.replace(limit, dropped_images=len(images))
         if not kept:
             return None  # pages existed but none fits: the episode ends on its budget
@@ -138,6 +149,26 @@ class ObservationBuilder:
 
     def error(self, message: str, budget: int) -> Optional[Observation]:
         return self.message(f"error: {message}", budget, is_error=True)
+
+    # ---- what a result that did not fit would have needed (for the batch's budget_overflow) ----
+    def pages_overflow(self, images: Sequence[Any], page_ids: Sequence[str], image_slots: int) -> Overflow:
+        """The smallest page, whole, inside the result block (no page: the note saying so)."""
+        if not images:
+            return self.message_overflow(NO_PAGES)
+        if image_slots <= 0:
+            return self.message_overflow(IMAGE_LIMIT)
+        smallest = min((len(self.image_block(image.num_tokens)[1]) for image in images), default=0)
+        return Overflow(self._overhead + smallest, tuple(page_ids))
+
+    def text_overflow(self, page_id: str) -> Overflow:
+        """One token of the page's text inside the result block."""
+        return Overflow(self._overhead + 1, (page_id,))
+
+    def message_overflow(self, message: str) -> Overflow:
+        return Overflow(len(self._wrap(self.encode_text(message))))
+
+    def error_overflow(self, message: str) -> Overflow:
+        return self.message_overflow(f"error: {message}")
 
     def _wrap(self, inner: Sequence[int]) -> tuple[int, ...]:
         return self._open + tuple(inner) + self._close

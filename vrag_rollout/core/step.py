@@ -7,7 +7,8 @@ logic cannot differ between them; neither touches the engine or the retriever.
   and settles it: the episode ends (answered, eos, length, abort, max_turns), or an invalid call
   is corrected in place with an error observation, or the action is returned because it needs
   the retriever.
-- `observe(episode, observation)`: appends a tool result whole, or ends the episode on its budget.
+- `observe(episode, observation, overflow)`: appends a tool result whole, or ends the episode on
+  its budget and records what the result needed (`Episode.budget_overflow`).
 
 Invariant: an episode ends with "length" only when the policy's own sampling hit the budget;
 when an observation fills the response to the last token the episode ends with "budget", so the
@@ -20,7 +21,7 @@ from typing import Any, Optional, Sequence
 
 from .actions import Answer, Fetch, Invalid, Search, Stop, parse_action
 from .episode import Episode
-from .observation import Observation, ObservationBuilder
+from .observation import Observation, ObservationBuilder, Overflow
 from .tool_turns import ToolCalls, final_answer, has_open_call, parse_tool_calls
 
 
@@ -49,7 +50,8 @@ def after_generation(
         episode.finish("max_turns")
         return None
     if isinstance(action, Invalid):
-        observe(episode, observations.error(action.message, episode.remaining))
+        observe(episode, observations.error(action.message, episode.remaining),
+                observations.error_overflow(action.message))
         return None
     return action
 
@@ -82,10 +84,14 @@ def after_tool_call_turn(episode: Episode, output: Any, *, last_turn: bool, turn
     return ToolCalls(tuple(calls))
 
 
-def observe(episode: Episode, observation: Optional[Observation]) -> None:
-    """Append an observation whole; end the episode on its budget when it does not fit, or when
-    it leaves no room for the policy to sample again."""
+def observe(episode: Episode, observation: Optional[Observation], overflow: Optional[Overflow] = None) -> None:
+    """Append an observation whole; end the episode on its budget when it does not fit (recording
+    what it needed: `overflow` when the builder could not make one, else the observation's own
+    size), or when it leaves no room for the policy to sample again."""
     if observation is None or not episode.append_observation(observation):
+        if observation is not None:
+            overflow = Overflow(len(observation.trainer_ids), observation.page_ids)
+        episode.record_overflow(overflow)
         episode.finish("budget")
     elif episode.remaining <= 0:
         episode.finish("budget")

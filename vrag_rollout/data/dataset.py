@@ -24,7 +24,13 @@ collate turns equal-length lists into a 2-D object array):
   `vrag_rollout.core.reward`;
 - `doc_id`: the document the rollout searches;
 - `gold_pages`: the gold pages as a JSON list (for reading; the reward uses `answer`);
-- `question_id`: the input's `uid` as a string (EasyR1 sets its own `uid` column per batch).
+- `question_id`: the input's `uid` as a string (EasyR1 sets its own `uid` column per batch);
+- `page_count` (with an index only): the document's page count in that index, null for a
+  document it lacks; the rollout's preflight refuses a retriever that serves another count.
+
+With `val_out` and `val_fraction`, a stable share of the rows goes to a second parquet instead
+(`split_of`: by a hash of the question id, or of the document id so that no validation document
+is trained on); the same input always splits the same way, whatever its order.
 
 A malformed row raises `DatasetError` naming its line (JSON Lines) or item (array, "data") and the
 field; so does an input with no questions, or none left to write. Nothing is written then.
@@ -39,6 +45,7 @@ Nothing is dropped silently.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -53,6 +60,8 @@ from .prompts import AGENT_INSTRUCTIONS, TOOL_CALL_INSTRUCTIONS
 INSTRUCTIONS = {"tags": AGENT_INSTRUCTIONS, "tool_call": TOOL_CALL_INSTRUCTIONS}
 
 COLUMNS = ("prompt", "answer", "doc_id", "gold_pages", "question_id")
+PAGE_COUNT = "page_count"  # AgentRolloutConfig.page_count_key's default
+SPLIT_KEYS = {"question": "question_id", "document": "doc_id"}
 
 
 class DatasetError(ValueError):
@@ -132,9 +141,10 @@ class ConversionReport:
     missing_documents: list = field(default_factory=list)   # {question_id, doc_id, where}
     pages_out_of_range: list = field(default_factory=list)  # {question_id, doc_id, pages, num_pages, where}
     dropped: list = field(default_factory=list)              # question ids left out
+    validation: int = 0  # of the written rows, those in the validation file
 
     def to_dict(self) -> dict:
-        return {"rows": self.rows, "written": self.written, "index": self.index,
+        return {"rows": self.rows, "written": self.written, "validation": self.validation, "index": self.index,
                 "missing_documents": self.missing_documents,
                 "pages_out_of_range": self.pages_out_of_range, "dropped": self.dropped}
 
@@ -246,7 +256,7 @@ def convert_rows(path: Path, *, page_base: int = 1, documents: Optional[dict] = 
     if action_format not in INSTRUCTIONS:
         raise ValueError(f"action_format must be one of {sorted(INSTRUCTIONS)}, got {action_format!r}")
     report = report if report is not None else ConversionReport()
-    columns: dict = {name: [] for name in COLUMNS}
+    columns: dict = {name: [] for name in COLUMNS + ((PAGE_COUNT,) if documents is not None else ())}
     seen: dict = {}
     for where, record in _records(path):
         question = _question(where, record, page_base)
@@ -275,6 +285,8 @@ def convert_rows(path: Path, *, page_base: int = 1, documents: Optional[dict] = 
         columns["doc_id"].append(doc_id)
         columns["gold_pages"].append(json.dumps(pages))
         columns["question_id"].append(qid)
+        if documents is not None:
+            columns[PAGE_COUNT].append(documents.get(doc_id))
         report.written += 1
     if not report.rows:
         raise DatasetError("file", "<questions>", f"no questions in it, nothing to write ({EXPECTED_INPUT})")
@@ -305,21 +317,56 @@ def index_documents(index_dir: Path) -> dict:
 
 
 def convert_dataset(source: Path, out: Path, *, index_dir: Optional[Path] = None, page_base: int = 1,
-                    drop_missing: bool = False, action_format: str = "tags") -> ConversionReport:
-    """Write `out` (parquet) from `source`; returns the report (see the module docstring)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+                    drop_missing: bool = False, action_format: str = "tags", val_out: Optional[Path] = None,
+                    val_fraction: float = 0.0, split_of: str = "question") -> ConversionReport:
+    """Write `out` (parquet), and `val_out` with `val_fraction` of the rows, from `source`;
+    returns the report (see the module docstring)."""
     if drop_missing and index_dir is None:
         raise ValueError("drop_missing needs an index to check documents against")
+    if (val_out is None) != (val_fraction == 0):
+        raise ValueError("a validation split needs both val_out and a val_fraction above 0")
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if split_of not in SPLIT_KEYS:
+        raise ValueError(f"split_of must be one of {sorted(SPLIT_KEYS)}, got {split_of!r}")
     report = ConversionReport(index=str(index_dir) if index_dir is not None else None)
     documents = index_documents(index_dir) if index_dir is not None else None
     columns = convert_rows(Path(source), page_base=page_base, documents=documents,
                            drop_missing=drop_missing, report=report, action_format=action_format)
-    table = pa.table({name: pa.array(values, type=pa.string()) for name, values in columns.items()})
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, out)
+    if val_out is None:
+        _write_parquet(columns, Path(out))
+        return report
+    to_val = [in_validation(key, val_fraction) for key in columns[SPLIT_KEYS[split_of]]]
+    train, val = _rows_where(columns, [not v for v in to_val]), _rows_where(columns, to_val)
+    if not train["prompt"] or not val["prompt"]:
+        raise DatasetError("file", "<questions>", f"a {val_fraction:g} split by {split_of} of {report.written} "
+                                                  f"questions leaves {'no training' if not train['prompt'] else 'no validation'} "
+                                                  "rows; change val_fraction or split_of")
+    _write_parquet(train, Path(out))
+    _write_parquet(val, Path(val_out))
+    report.validation = len(val["prompt"])
     return report
+
+
+def in_validation(key: str, fraction: float) -> bool:
+    """Whether a row with this question or document id goes to the validation split: a hash, so
+    the split does not depend on the input's order or on Python's hash seed."""
+    digest = int.from_bytes(hashlib.sha256(str(key).encode("utf-8")).digest()[:8], "big")
+    return digest / 2**64 < fraction
+
+
+def _rows_where(columns: dict, keep: list) -> dict:
+    return {name: [value for value, kept in zip(values, keep) if kept] for name, values in columns.items()}
+
+
+def _write_parquet(columns: dict, out: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    types = {PAGE_COUNT: pa.int64()}
+    table = pa.table({name: pa.array(values, type=types.get(name, pa.string())) for name, values in columns.items()})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, out)
 
 
 def read_questions(path: Path, limit: Optional[int] = None) -> tuple[list, list[dict]]:
@@ -354,13 +401,15 @@ def read_questions(path: Path, limit: Optional[int] = None) -> tuple[list, list[
 
 def convert_dataset_command(source: Path, out: Path, *, index_dir: Optional[Path] = None,
                             report_path: Optional[Path] = None, page_base: int = 1,
-                            drop_missing: bool = False, action_format: str = "tags") -> int:
+                            drop_missing: bool = False, action_format: str = "tags", val_out: Optional[Path] = None,
+                            val_fraction: float = 0.0, split_of: str = "question") -> int:
     """The CLI: convert, print a summary (and the report as JSON with `report_path`); 2 on bad input."""
     import sys
 
     try:
         report = convert_dataset(source, out, index_dir=index_dir, page_base=page_base, drop_missing=drop_missing,
-                                 action_format=action_format)
+                                 action_format=action_format, val_out=val_out, val_fraction=val_fraction,
+                                 split_of=split_of)
     except IndexDirError as error:  # the index is at fault, not the source
         print(f"convert-dataset: --index {error}", file=sys.stderr)
         return 2
@@ -372,8 +421,13 @@ def convert_dataset_command(source: Path, out: Path, *, index_dir: Optional[Path
         return 2
     if report_path is not None:
         Path(report_path).write_text(json.dumps(report.to_dict(), indent=1, ensure_ascii=False), encoding="utf-8")
-    print(f"wrote {report.written} of {report.rows} questions to {out}"
-          + (f" ({len(report.dropped)} dropped)" if report.dropped else ""))
+    if val_out is None:
+        print(f"wrote {report.written} of {report.rows} questions to {out}"
+              + (f" ({len(report.dropped)} dropped)" if report.dropped else ""))
+    else:
+        print(f"wrote {report.written - report.validation} of {report.rows} questions to {out} and "
+              f"{report.validation} to {val_out} (split by {split_of})"
+              + (f" ({len(report.dropped)} dropped)" if report.dropped else ""))
     if report.index is not None:
         print(f"{len(report.missing_documents)} questions name a document not in {report.index}"
               + (" (dropped)" if drop_missing else " (kept)"))

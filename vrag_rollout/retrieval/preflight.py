@@ -2,11 +2,13 @@
 
 Contract:
 
-- `preflight_problem(client, doc_ids, known)` returns None when the retriever answers and serves
-  every document of `doc_ids` (None entries, samples without a document, are skipped), else one
-  message that names the fix. `known` caches the documents already confirmed, so a later batch
-  asks the retriever only about documents it has not seen (the listing is fetched again then:
-  an index may have been reloaded with new documents).
+- `preflight_problem(client, doc_ids, known, page_counts=None)` returns None when the retriever
+  answers and serves every document of `doc_ids` (None entries, samples without a document, are
+  skipped) with the page counts the data recorded (`page_counts`, aligned with `doc_ids`, None
+  where none was recorded), else one message that names the fix. `known` ({doc_id: page count})
+  caches the documents already confirmed, so a later batch asks the retriever only about
+  documents it has not seen (the listing is fetched again then: an index may have been reloaded
+  with new documents), and its recorded counts are compared with the cached ones.
 - A retriever that cannot list its documents (recorded fixtures; a server without
   `GET /documents`) is checked for reachability only; a retriever object without a `documents`
   method (the caller's own) is not checked.
@@ -19,7 +21,7 @@ Contract:
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from .transport import TransportError
 
@@ -41,11 +43,47 @@ def missing_documents(served: Mapping[str, int], wanted: Iterable[Optional[str]]
     return list(dict.fromkeys(doc for doc in wanted if doc is not None and doc not in served))
 
 
-def preflight_problem(client: Any, doc_ids: Iterable[Optional[str]], known: set) -> Optional[str]:
+def preflight_problem(client: Any, doc_ids: Iterable[Optional[str]], known: dict,
+                      page_counts: Optional[Sequence[Optional[int]]] = None) -> Optional[str]:
+    doc_ids = list(doc_ids)
+    recorded = recorded_page_counts(doc_ids, page_counts)
+    where = _where(client)
+    problem = _serving_problem(client, where, doc_ids, known)
+    if problem is None:
+        problem = page_count_problem(where, recorded, known)
+    return problem
+
+
+def recorded_page_counts(doc_ids: Sequence[Optional[str]],
+                         page_counts: Optional[Sequence[Optional[int]]]) -> dict:
+    """{doc_id: the counts the batch recorded for it} (a set: two rows may disagree)."""
+    recorded: dict = {}
+    for doc, count in zip(doc_ids, page_counts or ()):
+        if doc is not None and count is not None:
+            recorded.setdefault(doc, set()).add(int(count))
+    return recorded
+
+
+def page_count_problem(where: str, recorded: Mapping[str, set], served: Mapping[str, Optional[int]]) -> Optional[str]:
+    """The message for documents whose served page count differs from the one the data recorded
+    (documents the retriever could not count are skipped), or None."""
+    wrong = [(doc, sorted(counts), served[doc]) for doc, counts in recorded.items()
+             if served.get(doc) is not None and counts != {served[doc]}]
+    if not wrong:
+        return None
+    named = ", ".join(f"{doc} ({'/'.join(map(str, counts))} in the data, {pages} served)"
+                      for doc, counts, pages in wrong[:SHOWN])
+    more = f" and {len(wrong) - SHOWN} more" if len(wrong) > SHOWN else ""
+    return (f"{where} serves {len(wrong)} document(s) of this batch with other page counts than the data "
+            f"recorded: {named}{more}: the data was converted against another index (or another version of "
+            f"the documents); serve the index it was converted with, or convert it again with "
+            f"`vrag-rollout convert-dataset --index` on the served one")
+
+
+def _serving_problem(client: Any, where: str, doc_ids: Sequence[Optional[str]], known: dict) -> Optional[str]:
     wanted = [doc for doc in dict.fromkeys(doc_ids) if doc is not None and doc not in known]
     if not wanted and known:
         return None
-    where = _where(client)
     lister = getattr(client, "documents", None)
     if lister is None:  # a retriever object of the caller's own that cannot list: trust it
         return None
@@ -55,10 +93,10 @@ def preflight_problem(client: Any, doc_ids: Iterable[Optional[str]], known: set)
         return (f"{where} is unreachable ({error}): start it (`vrag-retriever serve --index DIR`) "
                 f"or point retriever_url at a running one")
     if served is None:  # cannot list: reachability was all there was to check
-        known.update(wanted)
+        known.update(dict.fromkeys(wanted))
         return None
     missing = missing_documents(served, wanted)
-    known.update(doc for doc in wanted if doc in served)
+    known.update({doc: served[doc] for doc in wanted if doc in served})
     if not missing:
         return None
     named = ", ".join(missing[:SHOWN]) + (f" and {len(missing) - SHOWN} more" if len(missing) > SHOWN else "")
@@ -89,4 +127,4 @@ def failure_rate_warning(metrics: Mapping[str, float], threshold: float) -> Opti
 
 
 __all__ = ["RetrieverPreflightError", "enforce", "failure_rate_warning", "missing_documents",
-           "preflight_problem"]
+           "page_count_problem", "preflight_problem", "recorded_page_counts"]

@@ -272,7 +272,8 @@ class vLLMRolloutAgent(vLLMRollout):
         self.observer = Observer(self.observations, self.band)
         self.format = format_class(self.config, self.tokenizer)
         self.sampling.banned.extend(self.format.banned_token_ids)
-        self.documents_confirmed: set = set()  # documents the retriever was seen to serve
+        # {doc_id: page count (None: the retriever could not list)} the retriever was seen to serve
+        self.documents_confirmed: dict = {}
 
     def generate_sequences(self, prompts: Any) -> Any:
         from ..retrieval.preflight import failure_rate_warning
@@ -319,10 +320,10 @@ class vLLMRolloutAgent(vLLMRollout):
         episodes = super()._episodes(prompts, n)
         # Decoding is the format's business: only the one that checks prompts pays for it.
         self.format.check_prompts([episode.prompt_engine_ids for episode in episodes[::n]], self.tokenizer)
-        self._preflight(self._doc_ids(prompts))
+        self._preflight(self._doc_ids(prompts), self._page_counts(prompts))
         return episodes
 
-    def _preflight(self, doc_ids: list[Optional[str]]) -> None:
+    def _preflight(self, doc_ids: list[Optional[str]], page_counts: Optional[list]) -> None:
         """Refuse (or warn about) a batch the retriever cannot serve, before any sampling. The
         source rank asks; every rank of a tensor-parallel group gets its answer."""
         from ..retrieval.preflight import enforce, preflight_problem
@@ -330,7 +331,8 @@ class vLLMRolloutAgent(vLLMRollout):
         mode = self.config.retriever_preflight
         if mode == "off":
             return
-        problem = self.sync.share(lambda: preflight_problem(self.retriever, doc_ids, self.documents_confirmed))
+        problem = self.sync.share(
+            lambda: preflight_problem(self.retriever, doc_ids, self.documents_confirmed, page_counts))
         enforce(problem, mode, logger)
 
     def _doc_ids(self, prompts: Any) -> list[Optional[str]]:
@@ -342,6 +344,14 @@ class vLLMRolloutAgent(vLLMRollout):
                 f"so the trainer must pop {key!r} into the generation batch (see docs/easyr1.md)"
             )
         return [None if value is None else str(value) for value in column]
+
+    def _page_counts(self, prompts: Any) -> Optional[list]:
+        """The page counts the data recorded per sample (None where it recorded none), or None
+        for a batch without the column."""
+        column = prompts.non_tensor_batch.get(self.config.page_count_key)
+        if column is None:
+            return None
+        return [None if value is None or value != value else int(value) for value in column]  # NaN: none
 
     def _passthrough_columns(self, prompts: Any) -> list[str]:
         return [self.config.doc_id_key]
@@ -386,7 +396,7 @@ class vLLMRolloutAgent(vLLMRollout):
             episode.retriever_errors += int(result.retriever_error)
             episode.bad_requests += int(result.bad_request)
             episode.undecodable_pages += result.decode_errors
-            step.observe(episode, result.observation)
+            step.observe(episode, result.observation, result.overflow)
 
 
 def _dp_rank(config: AgentRolloutConfig) -> int:

@@ -12,12 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
 
 from ..core.actions import Fetch, Invalid, Search
-from ..core.observation import Observation, ObservationBuilder
+from ..core.observation import NO_PAGES, Observation, ObservationBuilder, Overflow
 from ..retrieval.types import FetchSpec, RetrievedPage, RetrieverFailure
 
 # The RetrieverFailure kind of a request the retriever refused as the asker's mistake.
 REQUEST_FAILURE = "request"
 from ..core.vision import ImageDecodeError, PixelBand, decode_page, decode_page_file
+
+UNLIMITED = 1 << 30  # a budget or image count that never binds: measuring an observation's size
 
 Outcome = Union[list, RetrievedPage, RetrieverFailure]
 
@@ -32,6 +34,7 @@ class ToolCall:
 @dataclass
 class ObservationResult:
     observation: Optional[Observation]  # None: it did not fit the budget
+    overflow: Optional[Overflow] = None  # when it did not fit: what the smallest form needed
     retriever_error: int = 0  # calls the retriever failed (0 or 1 for the tag format)
     decode_errors: int = 0
     # Calls the retriever refused as the policy's mistake (a page the document does not have, an
@@ -96,6 +99,13 @@ class Observer:
 
     def _observe(self, action: Union[Search, Fetch], outcome: Outcome, budget: int, image_slots: int,
                  decoded: dict) -> ObservationResult:
+        result = self._observation(action, outcome, budget, image_slots, decoded)
+        if result.observation is None:
+            result.overflow = self._overflow(action, outcome, image_slots, decoded)
+        return result
+
+    def _observation(self, action: Union[Search, Fetch], outcome: Outcome, budget: int, image_slots: int,
+                     decoded: dict) -> ObservationResult:
         if isinstance(outcome, RetrieverFailure):
             mistake = outcome.kind == REQUEST_FAILURE
             return ObservationResult(self.builder.error(outcome.message, budget), retriever_error=not mistake,
@@ -108,13 +118,26 @@ class Observer:
         images = [(decoded[id(page)], page.page_id) for page in pages if decoded[id(page)] is not None]
         decode_errors = len(pages) - len(images)
         if pages and not images:
-            what = "page image" if isinstance(action, Fetch) else "result page images"
-            observation = self.builder.error(f"the {what} could not be decoded.", budget)
+            observation = self.builder.error(_undecodable(action), budget)
             return ObservationResult(observation, retriever_error=True, decode_errors=decode_errors)
         observation = self.builder.pages(
             [image for image, _ in images], [page_id for _, page_id in images], budget, image_slots
         )
         return ObservationResult(observation, decode_errors=decode_errors)
+
+    def _overflow(self, action: Union[Search, Fetch], outcome: Outcome, image_slots: int, decoded: dict) -> Overflow:
+        """What the result `_observation` could not fit needed at least (same cases, same order)."""
+        if isinstance(outcome, RetrieverFailure):
+            return self.builder.error_overflow(outcome.message)
+        pages = outcome if isinstance(outcome, list) else [outcome]
+        text_pages = [p for p in pages if p.modality == "text"]
+        if text_pages:
+            return self.builder.text_overflow(text_pages[0].page_id)
+        images = [(decoded[id(page)], page.page_id) for page in pages if decoded[id(page)] is not None]
+        if pages and not images:
+            return self.builder.error_overflow(_undecodable(action))
+        return self.builder.pages_overflow([image for image, _ in images], [page_id for _, page_id in images],
+                                           image_slots)
 
     def observe_tool_turn(self, calls: Sequence[Any], outcomes: Sequence[Any], budget: int, image_slots: int,
                           template: Any) -> ObservationResult:
@@ -133,6 +156,12 @@ class Observer:
             observation = self._tool_observation(answers, kept, budget, image_slots, template, counts.text_pages)
             if observation is not None or not any(kept):
                 counts.observation = observation
+                if observation is None:  # not even the texts fit: what they needed, images all left out
+                    texts_only = self._tool_observation(answers, kept, UNLIMITED, UNLIMITED, template,
+                                                        counts.text_pages)
+                    counts.overflow = Overflow(len(texts_only.trainer_ids),
+                                               tuple(pid for imgs, _ in answers for _, pid in imgs)
+                                               + tuple(counts.text_pages))
                 return counts
             last = max(i for i, k in enumerate(kept) if k)
             kept[last] -= 1
@@ -149,7 +178,7 @@ class Observer:
         counts.fetches += int(isinstance(call, Fetch))
         found = outcome if isinstance(outcome, list) else [outcome]
         if not found:
-            return [], "no pages found for this query."
+            return [], NO_PAGES
         if found[0].modality == "text":
             ids = self.builder.encode_text(found[0].contents)[: self.builder.max_text_tokens]
             counts.text_pages.append(found[0].page_id)
@@ -193,6 +222,10 @@ class Observer:
             return decode_page(page.contents, self.band)
         except ImageDecodeError:
             return None
+
+
+def _undecodable(action: Union[Search, Fetch]) -> str:
+    return f"the {'page image' if isinstance(action, Fetch) else 'result page images'} could not be decoded."
 
 
 def _image_pages(outcome: Optional[Outcome]) -> list[RetrievedPage]:

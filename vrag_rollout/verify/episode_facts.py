@@ -137,12 +137,13 @@ def budget_note(*, turn: int, last_sampled: str, last_is_observation: bool, rema
     """Why a `budget` episode ended, in one sentence (see the module docstring). `last_sampled`:
     the last turn's sampled text; `last_pages`: the pages of the last observation; `brief`:
     without the turn's actions (for the episode table)."""
+    asked = "; ".join(last_actions(last_sampled)) or "its action"
     if isinstance(overflow, Mapping):
         pages = ", ".join(map(str, overflow.get("page_ids") or ())) or "its result"
         tokens = overflow.get("tokens")
-        return (f"turn {overflow.get('turn', turn)}: {pages} ({tokens if tokens is not None else '?'} tokens) "
+        what = f"the result of turn {overflow.get('turn', turn)}" + ("" if brief else f" ({asked})")
+        return (f"{what}: {pages} ({tokens if tokens is not None else '?'} tokens) "
                 f"did not fit the {overflow.get('remaining', remaining)} tokens left of {length}")
-    asked = "; ".join(last_actions(last_sampled)) or "its action"
     if last_is_observation and remaining <= 0:  # the result fitted, to the last token
         shown = f": {', '.join(map(str, last_pages))}" if last_pages else ""
         return (f"the result of turn {turn} ({asked}{shown}) filled the response to its last token ({length}): "

@@ -10,7 +10,7 @@ AGENT_ROLLOUT_NAME = "vrag_agent"
 DEFAULT_AGENT_CLASS = "vrag_rollout:vLLMRolloutAgent"
 AGENT_CLASS_ENV = "VRAG_AGENT_CLASS"
 GENERATION_KEYS_ENV = "VRAG_GENERATION_KEYS"
-DEFAULT_GENERATION_KEYS = ("doc_id",)
+DEFAULT_GENERATION_KEYS = ("doc_id", "page_count")
 # Set for tool_call runs: EasyR1's dataset renders prompts with the tool schemas (prompt_tools).
 PROMPT_TOOLS_ENV = "VRAG_PROMPT_TOOLS"
 MODULE = "vrag_rollout.integrations.easyr1"  # also when run as __main__: pickles must name this

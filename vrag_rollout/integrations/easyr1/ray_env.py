@@ -26,9 +26,10 @@ def make_runtime_env(ppo_config: Any = None, env_vars: Optional[dict] = None) ->
     """A job-level Ray runtime_env that installs the patches in every worker process."""
     merged = dict(DEFAULT_RAY_ENV_VARS)
     if ppo_config is not None:
-        doc_key = getattr(ppo_config.worker.rollout, "doc_id_key", None)
-        if doc_key:
-            merged[GENERATION_KEYS_ENV] = doc_key
+        rollout = ppo_config.worker.rollout
+        keys = [getattr(rollout, "doc_id_key", None), getattr(rollout, "page_count_key", None)]
+        if keys[0]:
+            merged[GENERATION_KEYS_ENV] = ",".join(key for key in keys if key)
         if getattr(ppo_config.worker.rollout, "action_format", "tags") == "tool_call":
             template = getattr(ppo_config.worker.rollout, "chat_template", None)
             # Ray actors may run elsewhere in the file system: the path must not be relative.
