@@ -84,7 +84,7 @@ def build_prompt_batch(
         if sample.images:
             grid_tensor = image_processor(images=sample.images, return_tensors="pt")["image_grid_thw"]
             grids = [tuple(int(x) for x in grid) for grid in grid_tensor]
-        expanded = _expand_pads(raw, grids, image_pad, merge)
+        expanded = expand_pads(raw, grids, image_pad, merge)
         if len(expanded) > prompt_length:
             raise ValueError(f"prompt of {len(expanded)} tokens exceeds prompt_length={prompt_length}")
         rope = rope_positions(expanded, grids, image_pad_id=image_pad, merge_size=merge)
@@ -134,7 +134,8 @@ def build_prompts(samples: Sequence[PromptSample], *, tokenizer: Any, processor:
                               tools=TOOLS if tool_call else None, chat_template=template)
 
 
-def _expand_pads(ids: Sequence[int], grids: Sequence[tuple[int, int, int]], image_pad: int, merge: int) -> list[int]:
+def expand_pads(ids: Sequence[int], grids: Sequence[tuple[int, int, int]], image_pad: int, merge: int) -> list[int]:
+    """`ids` with each image's one pad expanded to its t*h*w/merge² pads (the trainer's view)."""
     out: list[int] = []
     images = iter(grids)
     for token in ids:

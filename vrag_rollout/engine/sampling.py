@@ -78,6 +78,10 @@ class SamplingPlan:
     def params(self, max_tokens: int, seed: Optional[int], first_turn: bool = False) -> Any:
         from vllm import SamplingParams
 
+        return SamplingParams(**self.params_kwargs(max_tokens, seed, first_turn))
+
+    def params_kwargs(self, max_tokens: int, seed: Optional[int], first_turn: bool = False) -> dict:
+        """The keyword arguments of `params` (a server that builds the SamplingParams itself takes these)."""
         kwargs = dict(self.base)
         kwargs.update(
             n=1,
@@ -95,7 +99,7 @@ class SamplingPlan:
             from vllm.sampling_params import StructuredOutputsParams
 
             kwargs["structured_outputs"] = StructuredOutputsParams(regex=regex)
-        return SamplingParams(**kwargs)
+        return kwargs
 
 
 def data_parallel_rank(tensor_parallel_size: int) -> int:

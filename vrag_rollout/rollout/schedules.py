@@ -1,4 +1,4 @@
-"""The two rollout schedules. Both drive the one per-sample step (`step.py`) through the rollout
+"""The rollout schedules. Each drives the one per-sample step (`step.py`) through the rollout
 that runs them, so what an episode contains never depends on the schedule.
 
 - `run_turn_synchronized`: every turn, one generate call for all active samples, then one
@@ -9,6 +9,8 @@ that runs them, so what an episode contains never depends on the schedule.
   batches out together, so no sample waits for another's retrieval; on a single rank the pages
   are decoded in the tool threads, off the engine loop. The engine steps whenever a request is
   in it; the loop blocks on the retriever only when nothing else can run.
+- `run_episode`: one sample as a coroutine, for trainers that run an agent loop per trajectory
+  (verl: `integrations/verl`); the engine is theirs, behind an awaitable `generate`.
 
 Invariants: per-sample seeds and the shared step make the episodes of both schedules identical
 (timing decides when a turn runs, never what it samples or observes); the continuous loop ends
@@ -32,11 +34,12 @@ protocol below. `ScheduleClock` collects where the time went, for the batch's me
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, TypeVar
+from typing import Any, Awaitable, Callable, Optional, Protocol, TypeVar
 
 from ..engine.llm import ContinuousEngine, TurnOutput, VLLMEngine
 from ..core.episode import Episode
@@ -101,6 +104,29 @@ class ScheduleClock:
             "rollout/loop_overhead_seconds": overhead,
             "rollout/loop_overhead_share_of_engine": overhead / self.engine if self.engine > 0 else 0.0,
         }
+
+
+async def run_episode(driver: Driver, episode: Episode, generate: Callable[[dict, Any], Awaitable[TurnOutput]],
+                      clock: ScheduleClock) -> None:
+    """One sample on its own coroutine (an agent loop: verl runs one per trajectory), through the
+    same hooks as the batch schedules: `generate(request, params)` is awaited for each turn, and
+    the turn's tool call runs in a worker thread within the driver's deadline, so other
+    trajectories' coroutines go on meanwhile."""
+    for turn in range(driver.max_turns):
+        if not driver.ready(episode):
+            break
+        request, params = driver.request(episode, turn)
+        started = time.perf_counter()
+        output = await generate(request, params)
+        clock.engine += time.perf_counter() - started
+        action = driver.after_generation(episode, output, turn)
+        if action is None:
+            continue
+        calls = [(episode, action)]
+        started = time.perf_counter()
+        results = await asyncio.to_thread(driver.execute_tools, calls)
+        clock.sample_tool_wait += time.perf_counter() - started
+        driver.apply_tools(calls, results)
 
 
 def run_turn_synchronized(driver: Driver, episodes: list[Episode], clock: ScheduleClock) -> None:

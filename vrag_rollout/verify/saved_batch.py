@@ -216,13 +216,17 @@ def from_dataproto(data: Any, *, processor: Any = None, model_path: Optional[str
     if skipped:
         meta["skipped"] = skipped
 
+    formats = set(columns.get("action_format") or ())
+    if "action_format" not in config_dict and len(formats) == 1:  # verl's agent loop records it per sample
+        config_dict["action_format"] = formats.pop()
     grammar = meta_in.get("action_grammar")
     if grammar is None and "action_regex" in config_dict:
         grammar = bool(config_dict["action_regex"])
     family = (_family_from_model_dir(model_path) or model_type_of(meta_in.get("model_family"))
               or _family_from_processor(processor))
-    try:
-        metrics = {str(k): _plain(v) for k, v in dict(meta_in.get("metrics") or {}).items()}
+    raw_metrics = meta_in.get("metrics")
+    try:  # a rollout's metrics by name; verl's agent loop keeps a list, one dict per sample: not kept
+        metrics = {str(k): _plain(v) for k, v in raw_metrics.items()} if isinstance(raw_metrics, Mapping) else {}
     except TypeError:
         metrics = {}
     return SavedBatch(

@@ -19,8 +19,9 @@ from .detect import easyr1_location
 
 DATA_KEYS = ("train_files", "val_files")
 LOCAL_SUFFIXES = (".parquet", ".json", ".jsonl", ".arrow", ".csv")
-INSTALL_HINT = ("install EasyR1 beside this project (docs/easyr1.md, \"Running\"): its package is also named "
-                "`verl`, so PyPI's verl is not it")
+INSTALL_HINT = ("set up an environment with EasyR1 beside this project (`scripts/easyr1_recipe.sh setup`, "
+                "docs/easyr1.md \"A pinned recipe\") and pass its python (PYTHON=...): EasyR1's package is also "
+                "named `verl`, so PyPI's verl is not it")
 
 
 def data_files(config: dict, overrides: Sequence[str]) -> dict[str, str]:

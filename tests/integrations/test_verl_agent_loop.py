@@ -1,0 +1,158 @@
+"""The agent as a verl agent loop (`vrag_rollout.integrations.verl`), inside verl's own machinery:
+verl 0.9.1's `AgentLoopWorker.generate_sequences` instantiates `vrag_agent` from its registry
+(with the settings an `agent_loop_config_path` entry gives), the loop generates through a server
+manager backed by the real vLLM engine (the CPU build, answering as verl's vLLM server does:
+token ids, logprobs, "completed"/"aborted"), and verl's own postprocessing pads the outputs and
+computes the positions (the family's `get_rope_index`) and processor inputs into the DataProto it
+trains on. Oracles: the project's `check` passes on that DataProto (positions against
+transformers, pads against the processor, masks, tool-turn tokens against the template), and each
+episode equals the EasyR1 rollout's at the same seeds, token for token."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("hydra", reason="verl's agent loop needs hydra-core (the test extra)")
+
+from omegaconf import OmegaConf  # noqa: E402
+from verl.experimental.agent_loop.agent_loop import AgentLoopWorker, _agent_loop_registry  # noqa: E402
+from verl.protocol import DataProto  # noqa: E402
+from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
+from verl.utils.tokenizer import hf_processor, hf_tokenizer  # noqa: E402
+from verl.workers.rollout.replica import TokenOutput  # noqa: E402
+
+from tests.conftest import SAMPLE_RETRIEVAL  # noqa: E402
+from tests.rollout.agent_helpers import make_agent, sample_prompts  # noqa: E402
+from vrag_rollout.data.prompts import AGENT_INSTRUCTIONS, TOOL_CALL_INSTRUCTIONS, build_prompts  # noqa: E402
+from vrag_rollout.devkit.demo import demo_config, demo_page_band  # noqa: E402
+from vrag_rollout.integrations.verl.agent_loop import AGENT_NAME, FROM_VERL, SAMPLE_COLUMN  # noqa: E402
+from vrag_rollout.retrieval.client import RetrieverClient  # noqa: E402
+from vrag_rollout.retrieval.fixtures import FixtureTransport  # noqa: E402
+from vrag_rollout.verify.check import check_batch  # noqa: E402
+from vrag_rollout.verify.saved_batch import from_dataproto  # noqa: E402
+
+ROWS = 4
+
+
+class EngineServer:
+    """verl's server manager over a real vLLM engine, answering as verl's vLLM server does
+    (`vllm_async_server.generate`): SamplingParams(max_tokens=..., **params) with the logprobs
+    flag turned into vLLM's 0, each image's pad run collapsed to one, and a `TokenOutput` of ids,
+    sampled-token logprobs and "completed" / "aborted". One engine call at a time (LLM is not
+    re-entrant), each in a thread so the other trajectories' coroutines go on."""
+
+    def __init__(self, llm, image_pad: int):
+        self.llm, self.image_pad, self.lock, self.calls = llm, image_pad, asyncio.Lock(), 0
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, **kwargs):
+        from vllm import SamplingParams
+
+        params = dict(sampling_params)
+        max_tokens = params.pop("max_tokens")
+        params["logprobs"] = 0 if params.pop("logprobs", False) else None
+        ids = [t for i, t in enumerate(prompt_ids) if not (t == self.image_pad and i and prompt_ids[i - 1] == t)]
+        prompt = {"prompt_token_ids": ids}
+        if image_data:
+            prompt["multi_modal_data"] = {"image": list(image_data)}
+        async with self.lock:
+            self.calls += 1
+            out = await asyncio.to_thread(self.llm.generate, [prompt], SamplingParams(max_tokens=max_tokens, **params),
+                                          use_tqdm=False)
+        done = out[0].outputs[0]
+        logprobs = [step[t].logprob for step, t in zip(done.logprobs, done.token_ids)] if done.logprobs else None
+        return TokenOutput(token_ids=list(done.token_ids), log_probs=logprobs,
+                           stop_reason="aborted" if done.finish_reason == "abort" else "completed")
+
+
+def rollout_settings(processor, action_format: str) -> dict:
+    """The demo rollout's settings (as `make_agent` builds them), replayed retrieval included."""
+    config = demo_config(**demo_page_band(processor), action_format=action_format, n=1,
+                         retriever_fixtures=str(SAMPLE_RETRIEVAL))
+    return {k: v for k, v in dataclasses.asdict(config).items() if v is not None}
+
+
+def verl_worker(model_dir, llm, settings: dict) -> AgentLoopWorker:
+    """verl's worker, built as its Ray actor would be minus Ray (the attributes
+    `generate_sequences` reads), with `vrag_agent` registered as an `agent_loop_config_path`
+    entry registers it: its `_target_` plus the loop's own settings."""
+    import vrag_rollout.integrations.verl.agent_loop as loop_module
+
+    rollout = {key: settings[key] for key in FROM_VERL}
+    config = OmegaConf.create({
+        "actor_rollout_ref": {"model": {"path": str(model_dir)}, "rollout": {
+            **rollout, "val_kwargs": {"top_p": 1.0, "top_k": -1, "temperature": 0},
+            "agent": {"default_agent_loop": AGENT_NAME}, "full_determinism": False,
+            "multi_turn": {"max_user_turns": 4, "max_assistant_turns": 4}}},
+        "data": {}})
+    vrag = {k: v for k, v in settings.items() if k not in FROM_VERL and k != "n"}
+    _agent_loop_registry[AGENT_NAME] = {"_target_": f"{loop_module.__name__}.VragAgentLoop", "vrag": vrag}
+    worker = object.__new__(AgentLoopWorker)
+    worker.config, worker.rollout_config = config, config.actor_rollout_ref.rollout
+    worker.tokenizer, worker.processor = hf_tokenizer(str(model_dir)), hf_processor(str(model_dir))
+    worker.hf_model_type, worker.dataset_cls, worker.mm_processor_kwargs = None, RLHFDataset, {}
+    worker.reward_loop_worker_handles, worker.distillation_enabled, worker.tools = None, False, []
+    worker.llm_client = EngineServer(llm, worker.tokenizer.convert_tokens_to_ids("<|image_pad|>"))
+    return worker
+
+
+def verl_batch(samples, action_format: str) -> DataProto:
+    """Dataset rows as verl's RLHFDataset hands them to the agent loop (chat messages)."""
+    instructions = TOOL_CALL_INSTRUCTIONS if action_format == "tool_call" else AGENT_INSTRUCTIONS
+    raw = np.empty(len(samples), dtype=object)
+    for i, sample in enumerate(samples):
+        raw[i] = [{"role": "user", "content": [{"type": "text", "text": f"{instructions}\nQuestion: {sample.question}"}]}]
+    column = lambda values: np.array(values, dtype=object)  # noqa: E731
+    return DataProto.from_single_dict({
+        "dummy_tensor": torch.zeros(len(samples), 1, dtype=torch.uint8),
+        "raw_prompt": raw, "agent_name": column([AGENT_NAME] * len(samples)),
+        "doc_id": column([s.doc_id for s in samples]), SAMPLE_COLUMN: column(list(range(len(samples)))),
+        "data_source": column(["vrag"] * len(samples)), "uid": column([f"u{i}" for i in range(len(samples))]),
+        "extra_info": column([{"index": i} for i in range(len(samples))]),
+        "index": column(list(range(len(samples)))),
+    })
+
+
+@pytest.fixture(scope="module", params=["tags", "tool_call"])
+def both_rollouts(request, tiny_model_dir, tiny_processor, tiny_llm):
+    action_format = request.param
+    settings = rollout_settings(tiny_processor, action_format)
+    samples = sample_prompts(ROWS, with_images=False)
+    worker = verl_worker(tiny_model_dir, tiny_llm, settings)
+    verl_out = asyncio.run(worker.generate_sequences(verl_batch(samples, action_format)))
+    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm,
+                       RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL)),
+                       n=1, action_format=action_format)
+    ours = agent.generate_sequences(build_prompts(samples, tokenizer=tiny_processor.tokenizer,
+                                                  processor=tiny_processor, config=agent.config))
+    return action_format, verl_out, ours
+
+
+def test_verl_batch_passes_the_projects_check(both_rollouts, tiny_model_dir):
+    action_format, verl_out, _ = both_rollouts
+    assert tuple(verl_out.batch["position_ids"].shape[1:2]) == (4,)  # verl's own (bs, 4, L) positions
+    report = check_batch(from_dataproto(verl_out, model_path=tiny_model_dir), tiny_model_dir)
+    assert report.ok, report.human()
+    pages = sum(len(turn) for turns in verl_out.non_tensor_batch["page_ids"] for turn in turns)
+    assert pages > 0, "the demo grammar retrieves before it answers: pages were shown"
+
+
+def test_episodes_equal_the_easyr1_rollouts_at_the_same_seeds(both_rollouts):
+    action_format, verl_out, ours = both_rollouts
+    R = ours.batch["responses"].shape[1]
+    for row in range(ROWS):
+        mine = ours.batch["attention_mask"][row, -R:].bool()
+        theirs = verl_out.batch["attention_mask"][row, -verl_out.batch["responses"].shape[1]:].bool()
+        assert verl_out.batch["responses"][row][theirs].tolist() == ours.batch["responses"][row][mine].tolist(), row
+        assert (verl_out.batch["response_mask"][row][theirs].tolist()
+                == ours.batch["loss_mask"][row][mine].tolist()), row
+        # the same tokens under the same weights: logprobs agree to float noise (one request at a
+        # time here, a batch there)
+        assert torch.allclose(verl_out.batch["rollout_log_probs"][row][theirs], ours.batch["rollout_log_probs"][row][mine],
+                              atol=1e-4)
+        assert verl_out.non_tensor_batch["termination_reason"][row] == ours.non_tensor_batch["termination_reason"][row]
+        assert verl_out.non_tensor_batch["page_ids"][row] == ours.non_tensor_batch["page_ids"][row]

@@ -1,0 +1,6 @@
+"""The agent in volcengine verl's agent-loop rollout (docs/verl.md).
+
+- `agent_loop`: `VragAgentLoop`, registered as `vrag_agent` when imported (it imports verl, so
+  nothing imports it unless verl is used).
+- `turns`: a turn's finish and text recovered from verl's token-level answer (pure).
+"""

@@ -1,0 +1,186 @@
+"""The VRAG agent as a verl agent loop, registered as `vrag_agent`.
+
+verl (volcengine, `verl.experimental.agent_loop`) runs one `AgentLoopBase` per trajectory:
+`run(sampling_params, **row)` generates through `server_manager.generate` (token ids in, token ids
+and logprobs out) and returns an `AgentLoopOutput`, which verl's worker pads, batches and gives
+positions (the family's `get_rope_index`) and processor inputs (from the images).
+
+Here each trajectory is one `Episode` driven by `schedules.run_episode` through a
+`vLLMRolloutAgent` shared by the process's loops: the same per-turn step, action formats,
+budget, observations, retriever client, sampling plan and seeds as the EasyR1 rollout; only the
+engine is verl's. The output carries the trainer view: prompt and response ids with every image's
+pad run expanded, the loss mask as `response_mask`, the rollout logprobs (0 on observations),
+the images in sequence order as `multi_modal_data["images"]`, and per-episode facts in
+`extra_fields` (`termination_reason`, `page_ids`, `budget_overflow`, ...).
+
+Configuration: the loop's entry in verl's `agent_loop_config_path` file, whose keys besides
+`name` and `_target_` reach `__init__` (hydra): `vrag` (a dict of `AgentRolloutConfig` fields:
+`retriever_url`, `action_format`, `top_n`, `max_turns`, ...) and `model_path` (default: the
+trainer's `actor_rollout_ref.model.path`). Lengths, temperature, top_p, top_k and
+`calculate_log_probs` come from verl's rollout config, so the two never disagree.
+
+Seeds: `request_seed(seed, 0, sample, turn)` with `sample` the row's `vrag_sample` column when
+it has one (tests compare with the EasyR1 rollout at the same seeds), else a number unique in
+the process, so no two trajectories, in a step or across steps, share noise.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import uuid
+from pathlib import Path
+from typing import Any, Optional
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+
+from ...core.episode import Episode
+from ...core.tool_turns import TOOLS
+from ...data.prompts import expand_pads
+from ...rollout.agent import vLLMRolloutAgent
+from ...rollout.schedules import ScheduleClock, run_episode
+from .turns import turn_output
+
+AGENT_NAME = "vrag_agent"
+# verl's rollout config fields the agent takes as they are (the loop never disagrees with verl on them)
+FROM_VERL = ("prompt_length", "response_length", "temperature", "top_p", "top_k", "calculate_log_probs")
+SAMPLE_COLUMN = "vrag_sample"
+
+_agents: dict = {}
+_agents_lock = threading.Lock()
+_samples = itertools.count(1 << 20)  # trajectory numbers for seeds, above any row-given index
+
+
+class TrainerEngine:
+    """Stands where the rollout keeps its vLLM engine: verl's server holds the engine, and the
+    loop reaches it only through `server_manager.generate`."""
+
+    llm_engine = None
+
+
+def agent_config(rollout_config: Any, vrag: dict) -> dict:
+    """The `AgentRolloutConfig` fields: verl's lengths and sampling settings, then `vrag`'s own."""
+    taken = {key: rollout_config.get(key) for key in FROM_VERL if rollout_config.get(key) is not None}
+    clash = sorted(set(taken) & set(vrag))
+    if clash:
+        raise ValueError(f"vrag_agent: set {clash} in actor_rollout_ref.rollout, not in the loop's vrag settings")
+    return {**vrag, **taken, "n": 1}
+
+
+def shared_agent(model_path: str, settings: dict, tokenizer: Any, processor: Any) -> vLLMRolloutAgent:
+    """One rollout per process and settings: its retriever client, observer and sampling plan are
+    shared by every trajectory's loop (each is thread-safe; episodes are the loops' own)."""
+    key = (model_path, json.dumps(settings, sort_keys=True, default=str))
+    with _agents_lock:
+        if key not in _agents:
+            _agents[key] = vLLMRolloutAgent(model_path, settings, tokenizer, processor,
+                                            inference_engine=TrainerEngine())
+        return _agents[key]
+
+
+def end_of_sequence_ids(tokenizer: Any, model_path: str) -> tuple[int, ...]:
+    """The ids vLLM ends a sequence at: the generation config's EOS ids and the tokenizer's."""
+    from transformers import GenerationConfig
+
+    ids = set()
+    try:
+        eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    except OSError:
+        pass
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return tuple(sorted(ids))
+
+
+@register(AGENT_NAME)
+class VragAgentLoop(AgentLoopBase):
+    def __init__(self, trainer_config: Any, server_manager: Any, tokenizer: Any, processor: Any, *args: Any,
+                 vrag: Optional[dict] = None, model_path: Optional[str] = None, **kwargs: Any):
+        super().__init__(trainer_config, server_manager, tokenizer, processor, *args, **kwargs)
+        self.model_path = model_path or str(self.config.actor_rollout_ref.model.path)
+        settings = agent_config(self.rollout_config, dict(vrag or {}))
+        self.agent = shared_agent(self.model_path, settings, tokenizer, processor)
+        self.eos_ids = end_of_sequence_ids(self.agent.tokenizer, self.model_path)
+
+    async def run(self, sampling_params: dict, **kwargs: Any) -> AgentLoopOutput:
+        agent = self.agent
+        sample = kwargs.get(SAMPLE_COLUMN)
+        episode = self._episode(kwargs, int(sample) if sample is not None else next(_samples))
+        request_id = uuid.uuid4().hex
+        clock = ScheduleClock()
+
+        async def generate(request: dict, params: dict) -> Any:
+            answer = await self.server_manager.generate(
+                request_id, prompt_ids=request["prompt_token_ids"], sampling_params=dict(params),
+                image_data=(request.get("multi_modal_data") or {}).get("image"))
+            return turn_output(answer.token_ids, answer.log_probs, stop_reason=answer.stop_reason,
+                               max_tokens=params["max_tokens"], stop_strings=agent.stop_strings,
+                               eos_ids=self.eos_ids,
+                               decode=lambda ids: agent.tokenizer.decode(ids, skip_special_tokens=True))
+
+        await run_episode(_ServerDriver(agent), episode, generate, clock)
+        episode.finish("max_turns")  # no-op for an episode that ended
+        return self._output(episode, clock)
+
+    def _episode(self, row: dict, sample: int) -> Episode:
+        agent = self.agent
+        messages = row["raw_prompt"]
+        images = [part["image"] for message in messages if isinstance(message.get("content"), list)
+                  for part in message["content"] if isinstance(part, dict) and part.get("type") == "image"]
+        tools = {"tools": list(TOOLS)} if agent.config.action_format == "tool_call" else {}
+        template = Path(agent.config.chat_template).read_text(encoding="utf-8") if agent.config.chat_template else None
+        text = agent.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                   chat_template=template, **tools)
+        ids = agent.tokenizer.encode(text, add_special_tokens=False)
+        doc_id = row.get(agent.config.doc_id_key)
+        if doc_id is None:
+            raise ValueError(f"vrag_agent: the row has no {agent.config.doc_id_key!r} column: the agent searches "
+                             "inside each sample's document (convert the dataset with its doc_id column)")
+        agent.format.check_prompts([ids], agent.tokenizer)
+        return Episode(index=sample, prompt_engine_ids=ids, prompt_images=images, doc_id=str(doc_id),
+                       response_length=agent.config.response_length, max_images=agent.max_images)
+
+    def _output(self, episode: Episode, clock: ScheduleClock) -> AgentLoopOutput:
+        agent = self.agent
+        grids = []
+        if episode.prompt_images:
+            found = agent.processor.image_processor(images=episode.prompt_images, return_tensors="pt")
+            grids = [tuple(int(x) for x in grid) for grid in found["image_grid_thw"]]
+        prompt_ids = expand_pads(episode.prompt_engine_ids, grids, agent.vision_tokens.image_pad, agent.merge_size)
+        images = list(episode.prompt_images) + [page.image for page in episode.images]
+        extra = {"termination_reason": episode.termination, "page_ids": [list(p) for p in episode.page_ids],
+                 "budget_overflow": episode.budget_overflow, "num_searches": episode.searches,
+                 "num_fetches": episode.fetches, "retriever_errors": episode.retriever_errors,
+                 "doc_id": episode.doc_id, "action_format": agent.config.action_format,
+                 # the images again as a column: what `vrag-rollout check` and the viewer read
+                 "multi_modal_data": {"images": images}}
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids, response_ids=list(episode.response_ids), response_mask=list(episode.loss_mask),
+            response_logprobs=list(episode.logprobs) if agent.config.calculate_log_probs else None,
+            multi_modal_data={"images": images} if images else None, num_turns=episode.turns,
+            metrics=AgentLoopMetrics(generate_sequences=clock.engine, tool_calls=clock.sample_tool_wait),
+            extra_fields=extra)
+
+
+class _ServerDriver:
+    """The rollout's hooks with verl's sampling-parameter conventions: a dict (verl's server
+    builds the SamplingParams) and `logprobs` as a flag."""
+
+    def __init__(self, agent: vLLMRolloutAgent):
+        self.agent = agent
+        self.max_turns = agent.max_turns
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.agent, name)
+
+    def request(self, episode: Episode, turn: int) -> tuple:
+        from ...engine.sampling import request_seed
+
+        agent = self.agent
+        seed = request_seed(agent.sampling.seed, 0, episode.index, turn, agent.dp_rank)
+        params = agent.sampling.params_kwargs(episode.remaining, seed, first_turn=turn == 0)
+        params.pop("n", None)
+        params["logprobs"] = "logprobs" in params
+        return episode.engine_prompt(), params
