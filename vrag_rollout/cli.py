@@ -135,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="share of the questions (or documents, --split-by document) in --val-out")
     convert.add_argument("--split-by", choices=["question", "document"], default="question",
                          help="split by question, or keep each document's questions on one side")
+    convert.add_argument("--layout", choices=["easyr1", "verl"], default="easyr1",
+                         help="the trainer's dataset columns: EasyR1's, or verl's agent-loop rows (docs/verl.md)")
     return parser
 
 
@@ -220,7 +222,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                        page_base=args.page_base, drop_missing=args.drop_missing,
                                        action_format=args.action_format, val_out=args.val_out,
                                        val_fraction=args.val_fraction if args.val_out is not None else 0.0,
-                                       split_of=args.split_by)
+                                       split_of=args.split_by, layout=args.layout)
     return 2
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,6 +32,7 @@ from tests.conftest import SAMPLE_RETRIEVAL  # noqa: E402
 from tests.rollout.agent_helpers import make_agent, sample_prompts  # noqa: E402
 from vrag_rollout.data.prompts import AGENT_INSTRUCTIONS, TOOL_CALL_INSTRUCTIONS, build_prompts  # noqa: E402
 from vrag_rollout.devkit.demo import demo_config, demo_page_band  # noqa: E402
+from vrag_rollout.families import FAMILY_NAMES  # noqa: E402
 from vrag_rollout.integrations.verl.agent_loop import AGENT_NAME, FROM_VERL, SAMPLE_COLUMN  # noqa: E402
 from vrag_rollout.retrieval.client import RetrieverClient  # noqa: E402
 from vrag_rollout.retrieval.fixtures import FixtureTransport  # noqa: E402
@@ -37,6 +40,7 @@ from vrag_rollout.verify.check import check_batch  # noqa: E402
 from vrag_rollout.verify.saved_batch import from_dataproto  # noqa: E402
 
 ROWS = 4
+REPO = Path(__file__).resolve().parents[2]
 
 
 class EngineServer:
@@ -117,32 +121,73 @@ def verl_batch(samples, action_format: str) -> DataProto:
     })
 
 
-@pytest.fixture(scope="module", params=["tags", "tool_call"])
-def both_rollouts(request, tiny_model_dir, tiny_processor, tiny_llm):
-    action_format = request.param
-    settings = rollout_settings(tiny_processor, action_format)
+@pytest.fixture(scope="module", params=[(family, fmt) for family in FAMILY_NAMES for fmt in ("tags", "tool_call")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def both_rollouts(request, family_models):
+    family, action_format = request.param
+    model = family_models(family)
+    settings = rollout_settings(model.processor, action_format)
     samples = sample_prompts(ROWS, with_images=False)
-    worker = verl_worker(tiny_model_dir, tiny_llm, settings)
+    worker = verl_worker(model.model_dir, model.llm, settings)
     verl_out = asyncio.run(worker.generate_sequences(verl_batch(samples, action_format)))
-    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm,
+    agent = make_agent(model.model_dir, model.processor, model.llm,
                        RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL)),
                        n=1, action_format=action_format)
-    ours = agent.generate_sequences(build_prompts(samples, tokenizer=tiny_processor.tokenizer,
-                                                  processor=tiny_processor, config=agent.config))
-    return action_format, verl_out, ours
+    ours = agent.generate_sequences(build_prompts(samples, tokenizer=model.processor.tokenizer,
+                                                  processor=model.processor, config=agent.config))
+    return model, verl_out, ours
 
 
-def test_verl_batch_passes_the_projects_check(both_rollouts, tiny_model_dir):
-    action_format, verl_out, _ = both_rollouts
+def test_verl_batch_passes_the_projects_check(both_rollouts):
+    model, verl_out, _ = both_rollouts
     assert tuple(verl_out.batch["position_ids"].shape[1:2]) == (4,)  # verl's own (bs, 4, L) positions
-    report = check_batch(from_dataproto(verl_out, model_path=tiny_model_dir), tiny_model_dir)
+    report = check_batch(from_dataproto(verl_out, model_path=model.model_dir), model.model_dir)
     assert report.ok, report.human()
     pages = sum(len(turn) for turns in verl_out.non_tensor_batch["page_ids"] for turn in turns)
     assert pages > 0, "the demo grammar retrieves before it answers: pages were shown"
 
 
+def test_verls_reward_manager_scores_as_the_project_does(both_rollouts):
+    """verl's own NaiveRewardManager with the example reward function, on verl's batch, gives the
+    project's reward of the same episode (answer, format, and retrieval from the pages shown)."""
+    from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    from vrag_rollout.core.reward import score_response
+
+    compute_score = get_custom_reward_fn(OmegaConf.create({"reward": {"custom_reward_function": {  # as verl loads it
+        "path": str(REPO / "examples" / "reward_function" / "vrag_verl.py"), "name": "compute_score",
+        "reward_kwargs": {}}}}))
+
+    model, verl_out, ours = both_rollouts
+    truths = [json.dumps({"answer": "3", "doc_id": doc, "gold_pages": [2]}) for doc in ours.non_tensor_batch["doc_id"]]
+    verl_out.non_tensor_batch["data_source"] = np.array(["vrag"] * ROWS, dtype=object)
+    verl_out.non_tensor_batch["reward_model"] = np.array([{"ground_truth": t, "style": "rule"} for t in truths],
+                                                         dtype=object)
+    verl_out.non_tensor_batch["extra_info"] = np.array([{} for _ in range(ROWS)], dtype=object)
+
+    async def score_all():
+        manager = NaiveRewardManager(OmegaConf.create({}), model.processor.tokenizer, compute_score)
+        return [await manager.run_single(verl_out[row:row + 1]) for row in range(ROWS)]
+
+    scored = asyncio.run(score_all())
+    tokenizer, R = model.processor.tokenizer, ours.batch["responses"].shape[1]
+    retrieval = []
+    for row, result in enumerate(scored):
+        used = int(ours.batch["attention_mask"][row, -R:].sum())
+        text = tokenizer.decode(ours.batch["responses"][row, :used], skip_special_tokens=True)
+        truth = {**json.loads(truths[row]), "page_ids": ours.non_tensor_batch["page_ids"][row]}
+        expected = score_response(text, truth)
+        assert result["reward_score"] == pytest.approx(expected["overall"]), row
+        assert result["reward_extra_info"]["retrieval"] == pytest.approx(expected["retrieval"]), row
+        retrieval.append(expected["retrieval"])
+    # the page ids reached the reward through verl's tool_extra_fields: some episode saw page 2
+    assert any(value > 0 for value in retrieval) or not any(
+        "_2" in page for turns in ours.non_tensor_batch["page_ids"] for turn in turns for page in turn)
+
+
 def test_episodes_equal_the_easyr1_rollouts_at_the_same_seeds(both_rollouts):
-    action_format, verl_out, ours = both_rollouts
+    model, verl_out, ours = both_rollouts
     R = ours.batch["responses"].shape[1]
     for row in range(ROWS):
         mine = ours.batch["attention_mask"][row, -R:].bool()
@@ -156,3 +201,33 @@ def test_episodes_equal_the_easyr1_rollouts_at_the_same_seeds(both_rollouts):
                               atol=1e-4)
         assert verl_out.non_tensor_batch["termination_reason"][row] == ours.non_tensor_batch["termination_reason"][row]
         assert verl_out.non_tensor_batch["page_ids"][row] == ours.non_tensor_batch["page_ids"][row]
+
+
+def test_a_converted_dataset_runs_through_verls_dataset_and_worker(tmp_path, tiny_model_dir, tiny_processor, tiny_llm):
+    """`convert-dataset --layout verl` -> verl's RLHFDataset and collate_fn -> the worker with
+    `vrag_agent` (chosen by the rows' agent_name) -> a batch the project's check passes, whose
+    rows carry the converted ground truth for verl's reward manager."""
+    from retriever_server.sample_corpus import SAMPLE_FACTS
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from vrag_rollout.cli import main as cli_main
+
+    questions = [{"uid": f"q{k}", "query": f"Which page mentions the {fact}?", "reference_answer": str(page),
+                  "meta_info": {"file_name": f"{doc}.pdf", "reference_page": [page]}}
+                 for k, (fact, (doc, page)) in enumerate(list(SAMPLE_FACTS.items())[:3])]
+    (tmp_path / "qa.json").write_text(json.dumps(questions))
+    assert cli_main(["convert-dataset", str(tmp_path / "qa.json"), "--out", str(tmp_path / "train.parquet"),
+                     "--layout", "verl"]) == 0
+    settings = rollout_settings(tiny_processor, "tags")
+    worker = verl_worker(tiny_model_dir, tiny_llm, settings)
+    dataset = RLHFDataset(str(tmp_path / "train.parquet"), worker.tokenizer, OmegaConf.create({
+        "prompt_key": "prompt", "max_prompt_length": settings["prompt_length"], "filter_overlong_prompts": False,
+        "cache_dir": str(tmp_path / "cache")}), processor=worker.processor)
+    batch = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(len(dataset))]))
+    assert list(batch.non_tensor_batch["agent_name"]) == [AGENT_NAME] * 3
+    out = asyncio.run(worker.generate_sequences(batch))
+    report = check_batch(from_dataproto(out, model_path=tiny_model_dir), tiny_model_dir)
+    assert report.ok, report.human()
+    truths = [json.loads(item["ground_truth"]) for item in out.non_tensor_batch["reward_model"]]
+    assert [t["gold_pages"] for t in truths] == [[q["meta_info"]["reference_page"][0]] for q in questions]
+    assert list(out.non_tensor_batch["doc_id"]) == [q["meta_info"]["file_name"][:-4] for q in questions]

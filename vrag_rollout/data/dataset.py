@@ -28,6 +28,12 @@ collate turns equal-length lists into a 2-D object array):
 - `page_count` (with an index only): the document's page count in that index, null for a
   document it lacks; the rollout's preflight refuses a retriever that serves another count.
 
+`layout="verl"` writes the same rows in the columns verl's `RLHFDataset` and agent loops read
+(docs/verl.md): `prompt` as chat messages (one user turn), `agent_name` ("vrag_agent"),
+`data_source`, `reward_model` (`{"ground_truth": <the answer JSON>, "style": "rule"}`),
+`extra_info` (`{"index", "question_id", "gold_pages"}`), `doc_id` and, with an index,
+`page_count`.
+
 With `val_out` and `val_fraction`, a stable share of the rows goes to a second parquet instead
 (`split_of`: by a hash of the question id, or of the document id so that no validation document
 is trained on); the same input always splits the same way, whatever its order.
@@ -62,6 +68,8 @@ INSTRUCTIONS = {"tags": AGENT_INSTRUCTIONS, "tool_call": TOOL_CALL_INSTRUCTIONS}
 COLUMNS = ("prompt", "answer", "doc_id", "gold_pages", "question_id")
 PAGE_COUNT = "page_count"  # AgentRolloutConfig.page_count_key's default
 SPLIT_KEYS = {"question": "question_id", "document": "doc_id"}
+LAYOUTS = ("easyr1", "verl")
+VERL_AGENT_NAME = "vrag_agent"  # integrations/verl's registered loop
 
 
 class DatasetError(ValueError):
@@ -318,9 +326,12 @@ def index_documents(index_dir: Path) -> dict:
 
 def convert_dataset(source: Path, out: Path, *, index_dir: Optional[Path] = None, page_base: int = 1,
                     drop_missing: bool = False, action_format: str = "tags", val_out: Optional[Path] = None,
-                    val_fraction: float = 0.0, split_of: str = "question") -> ConversionReport:
+                    val_fraction: float = 0.0, split_of: str = "question", layout: str = "easyr1",
+                    data_source: str = "vrag") -> ConversionReport:
     """Write `out` (parquet), and `val_out` with `val_fraction` of the rows, from `source`;
     returns the report (see the module docstring)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if drop_missing and index_dir is None:
         raise ValueError("drop_missing needs an index to check documents against")
     if (val_out is None) != (val_fraction == 0):
@@ -333,8 +344,9 @@ def convert_dataset(source: Path, out: Path, *, index_dir: Optional[Path] = None
     documents = index_documents(index_dir) if index_dir is not None else None
     columns = convert_rows(Path(source), page_base=page_base, documents=documents,
                            drop_missing=drop_missing, report=report, action_format=action_format)
+    write = _write_parquet if layout == "easyr1" else (lambda cols, path: _write_verl(cols, path, data_source))
     if val_out is None:
-        _write_parquet(columns, Path(out))
+        write(columns, Path(out))
         return report
     to_val = [in_validation(key, val_fraction) for key in columns[SPLIT_KEYS[split_of]]]
     train, val = _rows_where(columns, [not v for v in to_val]), _rows_where(columns, to_val)
@@ -342,8 +354,8 @@ def convert_dataset(source: Path, out: Path, *, index_dir: Optional[Path] = None
         raise DatasetError("file", "<questions>", f"a {val_fraction:g} split by {split_of} of {report.written} "
                                                   f"questions leaves {'no training' if not train['prompt'] else 'no validation'} "
                                                   "rows; change val_fraction or split_of")
-    _write_parquet(train, Path(out))
-    _write_parquet(val, Path(val_out))
+    write(train, Path(out))
+    write(val, Path(val_out))
     report.validation = len(val["prompt"])
     return report
 
@@ -357,6 +369,30 @@ def in_validation(key: str, fraction: float) -> bool:
 
 def _rows_where(columns: dict, keep: list) -> dict:
     return {name: [value for value, kept in zip(values, keep) if kept] for name, values in columns.items()}
+
+
+def verl_rows(columns: dict, data_source: str) -> list[dict]:
+    """The converted rows in verl's dataset columns (see the module docstring)."""
+    rows = []
+    for i, qid in enumerate(columns["question_id"]):
+        row = {"data_source": data_source, "agent_name": VERL_AGENT_NAME,
+               "prompt": [{"role": "user", "content": columns["prompt"][i]}],
+               "reward_model": {"ground_truth": columns["answer"][i], "style": "rule"},
+               "extra_info": {"index": i, "question_id": qid, "gold_pages": columns["gold_pages"][i]},
+               "doc_id": columns["doc_id"][i]}
+        if PAGE_COUNT in columns:
+            row[PAGE_COUNT] = columns[PAGE_COUNT][i]
+        rows.append(row)
+    return rows
+
+
+def _write_verl(columns: dict, out: Path, data_source: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist(verl_rows(columns, data_source))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, out)
 
 
 def _write_parquet(columns: dict, out: Path) -> None:
@@ -402,14 +438,14 @@ def read_questions(path: Path, limit: Optional[int] = None) -> tuple[list, list[
 def convert_dataset_command(source: Path, out: Path, *, index_dir: Optional[Path] = None,
                             report_path: Optional[Path] = None, page_base: int = 1,
                             drop_missing: bool = False, action_format: str = "tags", val_out: Optional[Path] = None,
-                            val_fraction: float = 0.0, split_of: str = "question") -> int:
+                            val_fraction: float = 0.0, split_of: str = "question", layout: str = "easyr1") -> int:
     """The CLI: convert, print a summary (and the report as JSON with `report_path`); 2 on bad input."""
     import sys
 
     try:
         report = convert_dataset(source, out, index_dir=index_dir, page_base=page_base, drop_missing=drop_missing,
                                  action_format=action_format, val_out=val_out, val_fraction=val_fraction,
-                                 split_of=split_of)
+                                 split_of=split_of, layout=layout)
     except IndexDirError as error:  # the index is at fault, not the source
         print(f"convert-dataset: --index {error}", file=sys.stderr)
         return 2

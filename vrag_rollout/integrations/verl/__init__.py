@@ -3,4 +3,5 @@
 - `agent_loop`: `VragAgentLoop`, registered as `vrag_agent` when imported (it imports verl, so
   nothing imports it unless verl is used).
 - `turns`: a turn's finish and text recovered from verl's token-level answer (pure).
+- `reward`: the project's reward in verl's `compute_score` signature.
 """

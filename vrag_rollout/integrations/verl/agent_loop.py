@@ -110,11 +110,17 @@ class VragAgentLoop(AgentLoopBase):
         episode = self._episode(kwargs, int(sample) if sample is not None else next(_samples))
         request_id = uuid.uuid4().hex
         clock = ScheduleClock()
+        steps: dict = {}  # the weight versions the turns were sampled with (verl's fully async trainer)
 
         async def generate(request: dict, params: dict) -> Any:
             answer = await self.server_manager.generate(
                 request_id, prompt_ids=request["prompt_token_ids"], sampling_params=dict(params),
                 image_data=(request.get("multi_modal_data") or {}).get("image"))
+            versions = answer.extra_fields or {}
+            if "min_global_steps" in versions:
+                steps.setdefault("min_global_steps", versions["min_global_steps"])
+            if "max_global_steps" in versions:
+                steps["max_global_steps"] = versions["max_global_steps"]
             return turn_output(answer.token_ids, answer.log_probs, stop_reason=answer.stop_reason,
                                max_tokens=params["max_tokens"], stop_strings=agent.stop_strings,
                                eos_ids=self.eos_ids,
@@ -122,7 +128,7 @@ class VragAgentLoop(AgentLoopBase):
 
         await run_episode(_ServerDriver(agent), episode, generate, clock)
         episode.finish("max_turns")  # no-op for an episode that ended
-        return self._output(episode, clock)
+        return self._output(episode, clock, steps)
 
     def _episode(self, row: dict, sample: int) -> Episode:
         agent = self.agent
@@ -142,7 +148,7 @@ class VragAgentLoop(AgentLoopBase):
         return Episode(index=sample, prompt_engine_ids=ids, prompt_images=images, doc_id=str(doc_id),
                        response_length=agent.config.response_length, max_images=agent.max_images)
 
-    def _output(self, episode: Episode, clock: ScheduleClock) -> AgentLoopOutput:
+    def _output(self, episode: Episode, clock: ScheduleClock, steps: dict) -> AgentLoopOutput:
         agent = self.agent
         grids = []
         if episode.prompt_images:
@@ -155,7 +161,10 @@ class VragAgentLoop(AgentLoopBase):
                  "num_fetches": episode.fetches, "retriever_errors": episode.retriever_errors,
                  "doc_id": episode.doc_id, "action_format": agent.config.action_format,
                  # the images again as a column: what `vrag-rollout check` and the viewer read
-                 "multi_modal_data": {"images": images}}
+                 "multi_modal_data": {"images": images},
+                 # verl's reward manager adds this column's entries to the reward's extra_info
+                 "tool_extra_fields": {"page_ids": [list(p) for p in episode.page_ids]},
+                 **steps}
         return AgentLoopOutput(
             prompt_ids=prompt_ids, response_ids=list(episode.response_ids), response_mask=list(episode.loss_mask),
             response_logprobs=list(episode.logprobs) if agent.config.calculate_log_probs else None,
