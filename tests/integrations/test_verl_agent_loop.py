@@ -1,6 +1,7 @@
 """The agent as a verl agent loop (`vrag_rollout.integrations.verl`), inside verl's own machinery:
 verl 0.9.1's `AgentLoopWorker.generate_sequences` instantiates `vrag_agent` from its registry
-(with the settings an `agent_loop_config_path` entry gives), the loop generates through a server
+(with the settings an `agent_loop_config_path` entry gives; `integrations/verl/local.py` builds the
+worker without Ray), the loop generates through a server
 manager backed by the real vLLM engine (the CPU build, answering as verl's vLLM server does:
 token ids, logprobs, "completed"/"aborted"), and verl's own postprocessing pads the outputs and
 computes the positions (the family's `get_rope_index`) and processor inputs into the DataProto it
@@ -22,18 +23,16 @@ import torch
 pytest.importorskip("hydra", reason="verl's agent loop needs hydra-core (the test extra)")
 
 from omegaconf import OmegaConf  # noqa: E402
-from verl.experimental.agent_loop.agent_loop import AgentLoopWorker, _agent_loop_registry  # noqa: E402
 from verl.protocol import DataProto  # noqa: E402
 from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
-from verl.utils.tokenizer import hf_processor, hf_tokenizer  # noqa: E402
-from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 from tests.conftest import SAMPLE_RETRIEVAL  # noqa: E402
 from tests.rollout.agent_helpers import make_agent, sample_prompts  # noqa: E402
-from vrag_rollout.data.prompts import AGENT_INSTRUCTIONS, TOOL_CALL_INSTRUCTIONS, build_prompts  # noqa: E402
+from vrag_rollout.data.prompts import build_prompts  # noqa: E402
 from vrag_rollout.devkit.demo import demo_config, demo_page_band  # noqa: E402
 from vrag_rollout.families import FAMILY_NAMES  # noqa: E402
-from vrag_rollout.integrations.verl.agent_loop import AGENT_NAME, FROM_VERL, SAMPLE_COLUMN  # noqa: E402
+from vrag_rollout.integrations.verl.agent_loop import AGENT_NAME  # noqa: E402
+from vrag_rollout.integrations.verl.local import local_worker, prompt_rows  # noqa: E402
 from vrag_rollout.retrieval.client import RetrieverClient  # noqa: E402
 from vrag_rollout.retrieval.fixtures import FixtureTransport  # noqa: E402
 from vrag_rollout.verify.check import check_batch  # noqa: E402
@@ -43,82 +42,11 @@ ROWS = 4
 REPO = Path(__file__).resolve().parents[2]
 
 
-class EngineServer:
-    """verl's server manager over a real vLLM engine, answering as verl's vLLM server does
-    (`vllm_async_server.generate`): SamplingParams(max_tokens=..., **params) with the logprobs
-    flag turned into vLLM's 0, each image's pad run collapsed to one, and a `TokenOutput` of ids,
-    sampled-token logprobs and "completed" / "aborted". One engine call at a time (LLM is not
-    re-entrant), each in a thread so the other trajectories' coroutines go on."""
-
-    def __init__(self, llm, image_pad: int):
-        self.llm, self.image_pad, self.lock, self.calls = llm, image_pad, asyncio.Lock(), 0
-
-    async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, **kwargs):
-        from vllm import SamplingParams
-
-        params = dict(sampling_params)
-        max_tokens = params.pop("max_tokens")
-        params["logprobs"] = 0 if params.pop("logprobs", False) else None
-        ids = [t for i, t in enumerate(prompt_ids) if not (t == self.image_pad and i and prompt_ids[i - 1] == t)]
-        prompt = {"prompt_token_ids": ids}
-        if image_data:
-            prompt["multi_modal_data"] = {"image": list(image_data)}
-        async with self.lock:
-            self.calls += 1
-            out = await asyncio.to_thread(self.llm.generate, [prompt], SamplingParams(max_tokens=max_tokens, **params),
-                                          use_tqdm=False)
-        done = out[0].outputs[0]
-        logprobs = [step[t].logprob for step, t in zip(done.logprobs, done.token_ids)] if done.logprobs else None
-        return TokenOutput(token_ids=list(done.token_ids), log_probs=logprobs,
-                           stop_reason="aborted" if done.finish_reason == "abort" else "completed")
-
-
 def rollout_settings(processor, action_format: str) -> dict:
     """The demo rollout's settings (as `make_agent` builds them), replayed retrieval included."""
     config = demo_config(**demo_page_band(processor), action_format=action_format, n=1,
                          retriever_fixtures=str(SAMPLE_RETRIEVAL))
     return {k: v for k, v in dataclasses.asdict(config).items() if v is not None}
-
-
-def verl_worker(model_dir, llm, settings: dict) -> AgentLoopWorker:
-    """verl's worker, built as its Ray actor would be minus Ray (the attributes
-    `generate_sequences` reads), with `vrag_agent` registered as an `agent_loop_config_path`
-    entry registers it: its `_target_` plus the loop's own settings."""
-    import vrag_rollout.integrations.verl.agent_loop as loop_module
-
-    rollout = {key: settings[key] for key in FROM_VERL}
-    config = OmegaConf.create({
-        "actor_rollout_ref": {"model": {"path": str(model_dir)}, "rollout": {
-            **rollout, "val_kwargs": {"top_p": 1.0, "top_k": -1, "temperature": 0},
-            "agent": {"default_agent_loop": AGENT_NAME}, "full_determinism": False,
-            "multi_turn": {"max_user_turns": 4, "max_assistant_turns": 4}}},
-        "data": {}})
-    vrag = {k: v for k, v in settings.items() if k not in FROM_VERL and k != "n"}
-    _agent_loop_registry[AGENT_NAME] = {"_target_": f"{loop_module.__name__}.VragAgentLoop", "vrag": vrag}
-    worker = object.__new__(AgentLoopWorker)
-    worker.config, worker.rollout_config = config, config.actor_rollout_ref.rollout
-    worker.tokenizer, worker.processor = hf_tokenizer(str(model_dir)), hf_processor(str(model_dir))
-    worker.hf_model_type, worker.dataset_cls, worker.mm_processor_kwargs = None, RLHFDataset, {}
-    worker.reward_loop_worker_handles, worker.distillation_enabled, worker.tools = None, False, []
-    worker.llm_client = EngineServer(llm, worker.tokenizer.convert_tokens_to_ids("<|image_pad|>"))
-    return worker
-
-
-def verl_batch(samples, action_format: str) -> DataProto:
-    """Dataset rows as verl's RLHFDataset hands them to the agent loop (chat messages)."""
-    instructions = TOOL_CALL_INSTRUCTIONS if action_format == "tool_call" else AGENT_INSTRUCTIONS
-    raw = np.empty(len(samples), dtype=object)
-    for i, sample in enumerate(samples):
-        raw[i] = [{"role": "user", "content": [{"type": "text", "text": f"{instructions}\nQuestion: {sample.question}"}]}]
-    column = lambda values: np.array(values, dtype=object)  # noqa: E731
-    return DataProto.from_single_dict({
-        "dummy_tensor": torch.zeros(len(samples), 1, dtype=torch.uint8),
-        "raw_prompt": raw, "agent_name": column([AGENT_NAME] * len(samples)),
-        "doc_id": column([s.doc_id for s in samples]), SAMPLE_COLUMN: column(list(range(len(samples)))),
-        "data_source": column(["vrag"] * len(samples)), "uid": column([f"u{i}" for i in range(len(samples))]),
-        "extra_info": column([{"index": i} for i in range(len(samples))]),
-        "index": column(list(range(len(samples)))),
-    })
 
 
 @pytest.fixture(scope="module", params=[(family, fmt) for family in FAMILY_NAMES for fmt in ("tags", "tool_call")],
@@ -128,8 +56,8 @@ def both_rollouts(request, family_models):
     model = family_models(family)
     settings = rollout_settings(model.processor, action_format)
     samples = sample_prompts(ROWS, with_images=False)
-    worker = verl_worker(model.model_dir, model.llm, settings)
-    verl_out = asyncio.run(worker.generate_sequences(verl_batch(samples, action_format)))
+    worker = local_worker(model.model_dir, model.llm, settings)
+    verl_out = asyncio.run(worker.generate_sequences(prompt_rows(samples, action_format)))
     agent = make_agent(model.model_dir, model.processor, model.llm,
                        RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL)),
                        n=1, action_format=action_format)
@@ -219,7 +147,7 @@ def test_a_converted_dataset_runs_through_verls_dataset_and_worker(tmp_path, tin
     assert cli_main(["convert-dataset", str(tmp_path / "qa.json"), "--out", str(tmp_path / "train.parquet"),
                      "--layout", "verl"]) == 0
     settings = rollout_settings(tiny_processor, "tags")
-    worker = verl_worker(tiny_model_dir, tiny_llm, settings)
+    worker = local_worker(tiny_model_dir, tiny_llm, settings)
     dataset = RLHFDataset(str(tmp_path / "train.parquet"), worker.tokenizer, OmegaConf.create({
         "prompt_key": "prompt", "max_prompt_length": settings["prompt_length"], "filter_overlong_prompts": False,
         "cache_dir": str(tmp_path / "cache")}), processor=worker.processor)
@@ -231,3 +159,45 @@ def test_a_converted_dataset_runs_through_verls_dataset_and_worker(tmp_path, tin
     truths = [json.loads(item["ground_truth"]) for item in out.non_tensor_batch["reward_model"]]
     assert [t["gold_pages"] for t in truths] == [[q["meta_info"]["reference_page"][0]] for q in questions]
     assert list(out.non_tensor_batch["doc_id"]) == [q["meta_info"]["file_name"][:-4] for q in questions]
+
+
+def test_a_saved_verl_batch_passes_check_forward_and_a_wrong_logprob_fails(tmp_path, tiny_model_dir, tiny_processor,
+                                                                           tiny_llm, capsys):
+    """What scripts/check_verl.py does, on the shared engine: verl's batch of freely sampled
+    episodes saved with verl's own `DataProto.save_to_disk`, then `vrag-rollout check FILE --model
+    M --forward` compares every sampled token's rollout logprob with the family's forward pass."""
+    from vrag_rollout.cli import main as cli_main
+
+    settings = {**rollout_settings(tiny_processor, "tags"), "response_length": 96}
+    settings.pop("action_regex", None)
+    settings.pop("first_turn_action_regex", None)
+    worker = local_worker(tiny_model_dir, tiny_llm, settings)
+    batch = asyncio.run(worker.generate_sequences(prompt_rows(sample_prompts(3, with_images=False), "tags", n=2)))
+    path = tmp_path / "verl_batch.pkl"
+    batch.save_to_disk(str(path))
+    assert cli_main(["check", str(path), "--model", str(tiny_model_dir), "--forward"]) == 0, capsys.readouterr().out
+    assert "forward:" in capsys.readouterr().out
+    sampled = batch.batch["response_mask"][1].nonzero().flatten()
+    batch.batch["rollout_log_probs"][1, sampled[len(sampled) // 2]] -= 0.01  # the control: one token off
+    batch.save_to_disk(str(path))
+    assert cli_main(["check", str(path), "--model", str(tiny_model_dir), "--forward"]) == 1
+    assert "differs from the forward pass" in capsys.readouterr().out
+
+
+def test_a_row_whose_document_the_retriever_lacks_is_refused_before_sampling(tiny_model_dir, tiny_processor, tiny_llm):
+    from retriever_server.testing import serve_in_thread
+    from vrag_rollout.data.prompts import PromptSample
+    from vrag_rollout.devkit.demo import cache_dir, prepare_index
+    from vrag_rollout.retrieval.preflight import RetrieverPreflightError
+
+    with serve_in_thread(prepare_index(cache_dir())) as url:
+        settings = {**rollout_settings(tiny_processor, "tags"), "retriever_url": url}
+        settings.pop("retriever_fixtures")
+        worker = local_worker(tiny_model_dir, tiny_llm, settings)
+        rows = prompt_rows([PromptSample(question="Which page covers revenue?", doc_id="no_such_doc")], "tags")
+        with pytest.raises(RetrieverPreflightError, match="does not serve 1 document.*no_such_doc"):
+            asyncio.run(worker.generate_sequences(rows))
+        assert worker.llm_client.calls == 0
+        rows = prompt_rows([PromptSample(question="Which page covers revenue?", doc_id="annual_report")], "tags")
+        out = asyncio.run(worker.generate_sequences(rows))  # the control: a served document runs
+    assert worker.llm_client.calls > 0 and len(out) == 1

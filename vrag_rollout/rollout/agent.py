@@ -232,19 +232,24 @@ class vLLMRollout(BaseRollout):
         timing = clock.metrics()
         meta_out["metrics"] = collect_metrics(episodes, self._client_stats(), time.perf_counter() - clock.started)
         meta_out["metrics"].update(timing)
-        meta_out["model_family"] = self.family.name
-        # Under a grammar vLLM's logprobs are those of the constrained distribution (README).
-        meta_out["action_grammar"] = self.sampling.constrained
-        if self.config.calculate_log_probs:
-            meta_out["rollout_log_probs_mode"] = self.logprobs_mode or "unknown"
-            # What the sampled distribution had applied, for checkers that recompute it.
-            meta_out["logit_bias"] = {int(token): BANNED_LOGIT_BIAS for token in self.sampling.banned}
-        meta_out.update(self._band_meta())
+        meta_out.update(self.rollout_meta())
         return type(prompts)(
             batch=TensorDict(tensors, batch_size=[len(episodes)]),
             non_tensor_batch=non_tensors,
             meta_info=meta_out,
         )
+
+    def rollout_meta(self) -> dict:
+        """What a checker needs to know of how the batch was sampled (its `meta_info` entries)."""
+        meta: dict = {"model_family": self.family.name,
+                      # Under a grammar vLLM's logprobs are those of the constrained distribution (README).
+                      "action_grammar": self.sampling.constrained}
+        if self.config.calculate_log_probs:
+            meta["rollout_log_probs_mode"] = self.logprobs_mode or "unknown"
+            # What the sampled distribution had applied, for checkers that recompute it.
+            meta["logit_bias"] = {int(token): BANNED_LOGIT_BIAS for token in self.sampling.banned}
+        meta.update(self._band_meta())
+        return meta
 
     def _passthrough_columns(self, prompts: Any) -> list[str]:
         return []
@@ -320,10 +325,10 @@ class vLLMRolloutAgent(vLLMRollout):
         episodes = super()._episodes(prompts, n)
         # Decoding is the format's business: only the one that checks prompts pays for it.
         self.format.check_prompts([episode.prompt_engine_ids for episode in episodes[::n]], self.tokenizer)
-        self._preflight(self._doc_ids(prompts), self._page_counts(prompts))
+        self.preflight(self._doc_ids(prompts), self._page_counts(prompts))
         return episodes
 
-    def _preflight(self, doc_ids: list[Optional[str]], page_counts: Optional[list]) -> None:
+    def preflight(self, doc_ids: list[Optional[str]], page_counts: Optional[list] = None) -> None:
         """Refuse (or warn about) a batch the retriever cannot serve, before any sampling. The
         source rank asks; every rank of a tensor-parallel group gets its answer."""
         from ..retrieval.preflight import enforce, preflight_problem

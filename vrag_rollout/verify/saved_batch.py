@@ -216,9 +216,15 @@ def from_dataproto(data: Any, *, processor: Any = None, model_path: Optional[str
     if skipped:
         meta["skipped"] = skipped
 
-    formats = set(columns.get("action_format") or ())
-    if "action_format" not in config_dict and len(formats) == 1:  # verl's agent loop records it per sample
-        config_dict["action_format"] = formats.pop()
+    recorded = _uniform(columns_in.get("rollout_meta"))  # verl's agent loop keeps it per sample
+    if isinstance(recorded, Mapping):
+        for key in ("action_format", "temperature", "top_k", "top_p"):
+            if key in recorded:
+                config_dict.setdefault(key, recorded[key])
+        for key, value in recorded.items():
+            if key not in config_dict and key not in meta_in:
+                meta_in[key] = value
+                meta[key] = _plain(value)
     grammar = meta_in.get("action_grammar")
     if grammar is None and "action_regex" in config_dict:
         grammar = bool(config_dict["action_regex"])
@@ -244,6 +250,14 @@ def from_dataproto(data: Any, *, processor: Any = None, model_path: Optional[str
         model_path=str(model_path) if model_path is not None else None,
         source=source,
     )
+
+
+def _uniform(column: Any) -> Any:
+    """The one value every row of a column holds, else None."""
+    if column is None or not len(column):
+        return None
+    first = column[0]
+    return first if all(value == first for value in column) else None
 
 
 def encode_image(entry: Any) -> bytes:
@@ -401,11 +415,13 @@ def load_rollout(path: str | Path) -> SavedBatch:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {path}")
-    if zipfile.is_zipfile(path):  # torch.save
+    if zipfile.is_zipfile(path):  # torch.save (or a plain pickle whose bytes hold a zip-like record)
         try:
             data = torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError:
             data = _full_load(path, torch_file=True)
+        except RuntimeError:  # not torch's zip after all (verl's `DataProto.save_to_disk` pickles)
+            data = _full_load(path, torch_file=False)
     else:
         data = _full_load(path, torch_file=False)
     if isinstance(data, Mapping):
@@ -423,7 +439,10 @@ def load_rollout(path: str | Path) -> SavedBatch:
 def _full_load(path: Path, torch_file: bool) -> Any:
     try:
         if torch_file:
-            return torch.load(path, map_location="cpu", weights_only=False)
+            try:
+                return torch.load(path, map_location="cpu", weights_only=False)
+            except RuntimeError:  # a plain pickle whose bytes hold a zip-like record: not torch's
+                pass
         with open(path, "rb") as f:
             return pickle.load(f)
     except ModuleNotFoundError as e:

@@ -4,4 +4,5 @@
   nothing imports it unless verl is used).
 - `turns`: a turn's finish and text recovered from verl's token-level answer (pure).
 - `reward`: the project's reward in verl's `compute_score` signature.
+- `local`: verl's worker in this process over a local engine (the check script and the tests).
 """

@@ -26,6 +26,7 @@ the process, so no two trajectories, in a step or across steps, share noise.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import threading
@@ -46,9 +47,11 @@ AGENT_NAME = "vrag_agent"
 # verl's rollout config fields the agent takes as they are (the loop never disagrees with verl on them)
 FROM_VERL = ("prompt_length", "response_length", "temperature", "top_p", "top_k", "calculate_log_probs")
 SAMPLE_COLUMN = "vrag_sample"
+VERL_LOGPROBS_MODE = "processed_logprobs"  # verl's rollout.logprobs_mode default
 
 _agents: dict = {}
 _agents_lock = threading.Lock()
+_preflight_lock = threading.Lock()
 _samples = itertools.count(1 << 20)  # trajectory numbers for seeds, above any row-given index
 
 
@@ -103,11 +106,18 @@ class VragAgentLoop(AgentLoopBase):
         settings = agent_config(self.rollout_config, dict(vrag or {}))
         self.agent = shared_agent(self.model_path, settings, tokenizer, processor)
         self.eos_ids = end_of_sequence_ids(self.agent.tokenizer, self.model_path)
+        config = self.agent.config
+        self.rollout_meta = {**self.agent.rollout_meta(), "action_format": config.action_format,
+                             "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p}
+        if config.calculate_log_probs:  # the engine is verl's: its logprobs mode is verl's setting
+            self.rollout_meta["rollout_log_probs_mode"] = str(self.rollout_config.get("logprobs_mode",
+                                                                                      VERL_LOGPROBS_MODE))
 
     async def run(self, sampling_params: dict, **kwargs: Any) -> AgentLoopOutput:
         agent = self.agent
         sample = kwargs.get(SAMPLE_COLUMN)
         episode = self._episode(kwargs, int(sample) if sample is not None else next(_samples))
+        await asyncio.to_thread(self._preflight, episode.doc_id, kwargs.get(agent.config.page_count_key))
         request_id = uuid.uuid4().hex
         clock = ScheduleClock()
         steps: dict = {}  # the weight versions the turns were sampled with (verl's fully async trainer)
@@ -129,6 +139,13 @@ class VragAgentLoop(AgentLoopBase):
         await run_episode(_ServerDriver(agent), episode, generate, clock)
         episode.finish("max_turns")  # no-op for an episode that ended
         return self._output(episode, clock, steps)
+
+    def _preflight(self, doc_id: str, page_count: Any) -> None:
+        """The rollout's retriever preflight (`retriever_preflight`) for this row's document, before
+        its first turn; each document is asked about once per process (the agent caches it)."""
+        counts = None if page_count is None or page_count != page_count else [int(page_count)]  # NaN: none
+        with _preflight_lock:  # the agent's cache of confirmed documents is shared by every loop
+            self.agent.preflight([doc_id], counts)
 
     def _episode(self, row: dict, sample: int) -> Episode:
         agent = self.agent
@@ -159,7 +176,10 @@ class VragAgentLoop(AgentLoopBase):
         extra = {"termination_reason": episode.termination, "page_ids": [list(p) for p in episode.page_ids],
                  "budget_overflow": episode.budget_overflow, "num_searches": episode.searches,
                  "num_fetches": episode.fetches, "retriever_errors": episode.retriever_errors,
-                 "doc_id": episode.doc_id, "action_format": agent.config.action_format,
+                 "doc_id": episode.doc_id,
+                 # how it was sampled, as the EasyR1 rollout's meta_info says it (verl keeps no
+                 # batch-level meta): `vrag-rollout check` reads it from this column
+                 "rollout_meta": self.rollout_meta,
                  # the images again as a column: what `vrag-rollout check` and the viewer read
                  "multi_modal_data": {"images": images},
                  # verl's reward manager adds this column's entries to the reward's extra_info
