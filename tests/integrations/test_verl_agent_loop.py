@@ -201,3 +201,14 @@ def test_a_row_whose_document_the_retriever_lacks_is_refused_before_sampling(tin
         rows = prompt_rows([PromptSample(question="Which page covers revenue?", doc_id="annual_report")], "tags")
         out = asyncio.run(worker.generate_sequences(rows))  # the control: a served document runs
     assert worker.llm_client.calls > 0 and len(out) == 1
+
+
+def test_a_prompt_longer_than_prompt_length_is_refused_with_the_fix(tiny_model_dir, tiny_processor, tiny_llm):
+    from vrag_rollout.data.prompts import PromptSample
+
+    settings = {**rollout_settings(tiny_processor, "tags"), "prompt_length": 64}
+    worker = local_worker(tiny_model_dir, tiny_llm, settings)
+    rows = prompt_rows([PromptSample(question="Which page covers revenue?", doc_id="annual_report")], "tags")
+    with pytest.raises(ValueError, match=r"prompt of \d+ tokens .* exceeds actor_rollout_ref.rollout.prompt_length=64"):
+        asyncio.run(worker.generate_sequences(rows))
+    assert worker.llm_client.calls == 0

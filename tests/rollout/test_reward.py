@@ -124,3 +124,13 @@ def test_example_loader_loads_like_easyr1_and_returns_easyr1_score_dicts():
     assert [s["overall"] for s in scores] == [1.0, 0.0]
     assert set(scores[0]) == {"overall", "accuracy", "f1", "format", "retrieval"}
     assert all(isinstance(v, float) and math.isfinite(v) for s in scores for v in s.values())
+
+
+def test_turn_retrieval_scores_by_hand():
+    truth = json.dumps({"answer": "x", "doc_id": "report", "gold_pages": [3, 5]})
+    ideal = 1 + 1 / math.log2(3)
+    turns = [["report_1", "report_3"], [], ["report_3", "report_5"], ["other_5"]]
+    scores = reward.turn_retrieval_scores(turns, truth)
+    # turn 1: report_3 at rank 2; turn 2: nothing; turn 3: only report_5 is new, at rank 1;
+    # turn 4: a page of another document is not gold
+    assert scores == pytest.approx([(1 / math.log2(3)) / ideal, 0.0, 1 / ideal, 0.0])

@@ -330,3 +330,27 @@ def test_model_of_another_family_is_a_clear_error(saved, grammar_rollout, tmp_pa
         check_batch(saved, grammar_rollout.model_dir)
     with pytest.raises(CheckInputError, match="cannot read a model config"):
         check_batch(saved, tmp_path)
+
+
+def test_turn_ids_follow_the_turns_and_a_shifted_turn_is_caught(saved, grammar_rollout):
+    """The rollout's turn ids: 1 on the first turn, one more at each sampled run after an
+    observation, the observation answering a turn carries its number, 0 on padding; and the
+    observation blocks of a turn hold the pages its `turn_page_ids` entry names."""
+    t = saved.tensors
+    P = t["prompts"].shape[1]
+    row = next(r for r in range(len(saved)) if len(observation_blocks(saved, r)) >= 2)
+    used = int(t["attention_mask"][row, P:].sum())
+    turns = t["turn_ids"][row]
+    assert int(turns[0]) == 1 and int(turns[used:].abs().sum()) == 0
+    blocks = observation_blocks(saved, row)
+    for k, (start, end) in enumerate(blocks):
+        assert int(turns[start - 1]) == int(turns[start]) == int(turns[end - 1]), "an observation shares its turn"
+        if end < used:
+            assert int(turns[end]) == int(turns[start]) + 1, "the next sampled run starts a new turn"
+    assert int(turns[:used].max()) == saved.columns["num_turns"][row]
+    per_turn = saved.columns["turn_page_ids"][row]
+    assert len(per_turn) == saved.columns["num_turns"][row]
+    assert [page for pages in per_turn for page in pages] == [p for obs in saved.columns["page_ids"][row] for p in obs]
+    start, end = blocks[1]
+    t["turn_ids"][row, start:end] += 1  # the second observation numbered as the turn after it
+    caught(check_batch(saved, grammar_rollout.model_dir), "turns", row, P + start, "on an observation token")

@@ -26,12 +26,14 @@ class BatchSpec:
 
 
 def response_tensors(episodes: Sequence[Episode], spec: BatchSpec) -> dict[str, torch.Tensor]:
-    """responses, response_mask (real tokens, through the final EOS), loss_mask (sampled tokens)."""
+    """responses, response_mask (real tokens, through the final EOS), loss_mask (sampled tokens),
+    turn_ids (each token's turn from 1, the observation answering a turn included; 0 at padding)."""
     size, length = len(episodes), spec.response_length
     responses = torch.full((size, length), spec.pad_token_id, dtype=torch.long)
     response_mask = torch.zeros((size, length), dtype=torch.long)
     loss_mask = torch.zeros((size, length), dtype=torch.long)
     logprobs = torch.zeros((size, length), dtype=torch.float32)
+    turn_ids = torch.zeros((size, length), dtype=torch.long)
     for row, episode in enumerate(episodes):
         used = len(episode.response_ids)
         if used > length:
@@ -40,7 +42,8 @@ def response_tensors(episodes: Sequence[Episode], spec: BatchSpec) -> dict[str, 
         response_mask[row, :used] = 1
         loss_mask[row, :used] = torch.tensor(episode.loss_mask, dtype=torch.long)
         logprobs[row, :used] = torch.tensor(episode.logprobs, dtype=torch.float32)
-    out = {"responses": responses, "response_mask": response_mask, "loss_mask": loss_mask}
+        turn_ids[row, :used] = torch.tensor(episode.turn_ids, dtype=torch.long)
+    out = {"responses": responses, "response_mask": response_mask, "loss_mask": loss_mask, "turn_ids": turn_ids}
     if spec.with_logprobs:
         out["rollout_log_probs"] = logprobs
     return out
@@ -139,6 +142,7 @@ def episode_columns(
             ]
         ),
         "page_ids": object_array([[list(turn) for turn in ep.page_ids] for ep in episodes]),
+        "turn_page_ids": object_array([ep.turn_page_ids() for ep in episodes]),
         "termination_reason": object_array([ep.termination for ep in episodes]),
         "budget_overflow": object_array([ep.budget_overflow for ep in episodes]),
         "num_turns": np.array([ep.turns for ep in episodes], dtype=np.int64),

@@ -1,7 +1,9 @@
 """One sample's growing response (pure).
 
 Invariants every method keeps, checked by property tests:
-- `len(response_ids) == len(loss_mask) == len(logprobs) <= response_length`;
+- `len(response_ids) == len(loss_mask) == len(logprobs) == len(turn_ids) <= response_length`;
+- `turn_ids` numbers each token's turn from 1: a turn's sampled tokens and the observation that
+  answers them share it (`observation_turns[k]` is the turn of observation k);
 - an image's pad run enters the response whole or not at all;
 - `engine_response_ids` is `response_ids` with each image's pad run collapsed to one pad.
 """
@@ -37,6 +39,8 @@ class Episode:
     loss_mask: list[int] = field(default_factory=list)  # 1 = sampled by the policy
     logprobs: list[float] = field(default_factory=list)  # 0.0 at observation positions
     engine_response_ids: list[int] = field(default_factory=list)  # engine view: one pad per image
+    turn_ids: list[int] = field(default_factory=list)  # per response token, its turn (1-based)
+    observation_turns: list[int] = field(default_factory=list)  # per observation, the turn that asked
     images: list[Any] = field(default_factory=list)  # retrieved vision.PageImage, sequence order
     page_ids: list[list[str]] = field(default_factory=list)  # one list per observation
     turns: int = 0
@@ -86,6 +90,7 @@ class Episode:
         self.engine_response_ids.extend(ids)
         self.loss_mask.extend([1] * len(ids))
         self.logprobs.extend(lps)
+        self.turn_ids.extend([self.turns + 1] * len(ids))
         self.turns += 1
 
     def append_observation(self, observation: Observation) -> bool:
@@ -98,10 +103,19 @@ class Episode:
         self.engine_response_ids.extend(observation.engine_ids)
         self.loss_mask.extend([0] * len(observation.trainer_ids))
         self.logprobs.extend([0.0] * len(observation.trainer_ids))
+        self.turn_ids.extend([self.turns] * len(observation.trainer_ids))
+        self.observation_turns.append(self.turns)
         self.images.extend(observation.images)
         self.images_dropped += observation.dropped_images
         self.page_ids.append(list(observation.page_ids))
         return True
+
+    def turn_page_ids(self) -> list[list[str]]:
+        """Per turn (1..turns), the page ids the observations answering it showed."""
+        pages: list[list[str]] = [[] for _ in range(self.turns)]
+        for turn, shown in zip(self.observation_turns, self.page_ids):
+            pages[turn - 1].extend(shown)
+        return pages
 
     @property
     def invalid_actions(self) -> int:

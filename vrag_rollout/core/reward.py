@@ -28,6 +28,10 @@ Contract (what `examples/reward_function/vrag.py` hands EasyR1's `AutoRewardMana
     gold pages, so missing a gold page costs); 0 without gold pages or without pages shown;
   - `overall` = sum of weight x part over `accuracy`, `f1`, `format`, `retrieval`.
 
+`turn_retrieval_scores(turn_page_ids, ground_truth)` is a per-turn signal beside it: each turn's
+NDCG of the pages it newly showed (from the rollout's `turn_page_ids` column), for turn-level
+rewards; the rollout's `turn_ids` tensor says which tokens belong to which turn.
+
 The last `<answer>` is searched in the policy's own text: observation blocks are removed first,
 so an answer tag inside a fetched page's text is never taken for the policy's answer. Both action
 formats are scored alike: the tool_call format's final turn gives its answer in `<answer>` too.
@@ -221,6 +225,22 @@ def retrieval_score(truth: GroundTruth) -> float:
         ranked = list(dict.fromkeys(ranked))
         relevant = set(truth.gold_pages)
     return ndcg(ranked, relevant)
+
+
+def turn_retrieval_scores(turn_page_ids: Sequence[Iterable[str]], ground_truth: Any) -> list[float]:
+    """A per-turn retrieval signal (for turn-level rewards): for each turn, the NDCG of the pages
+    its observations showed that no earlier turn had shown, in the order shown, against the gold
+    pages (a turn that showed nothing new scores 0). `turn_page_ids` is the rollout's column of
+    that name: per turn, the page ids shown after it."""
+    truth = parse_ground_truth(ground_truth)
+    seen: set = set()
+    scores = []
+    for pages in turn_page_ids:
+        new = [page for page in ranked_pages([pages]) if page not in seen]
+        seen.update(new)
+        scores.append(retrieval_score(GroundTruth(truth.answer, truth.doc_id, truth.gold_pages,
+                                                  ([f"{doc}_{page}" for doc, page in new],))))
+    return scores
 
 
 # ---- the score ----

@@ -116,7 +116,7 @@ class VragAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict, **kwargs: Any) -> AgentLoopOutput:
         agent = self.agent
         sample = kwargs.get(SAMPLE_COLUMN)
-        episode = self._episode(kwargs, int(sample) if sample is not None else next(_samples))
+        episode, prompt_ids = self._episode(kwargs, int(sample) if sample is not None else next(_samples))
         await asyncio.to_thread(self._preflight, episode.doc_id, kwargs.get(agent.config.page_count_key))
         request_id = uuid.uuid4().hex
         clock = ScheduleClock()
@@ -138,7 +138,7 @@ class VragAgentLoop(AgentLoopBase):
 
         await run_episode(_ServerDriver(agent), episode, generate, clock)
         episode.finish("max_turns")  # no-op for an episode that ended
-        return self._output(episode, clock, steps)
+        return self._output(episode, prompt_ids, clock, steps)
 
     def _preflight(self, doc_id: str, page_count: Any) -> None:
         """The rollout's retriever preflight (`retriever_preflight`) for this row's document, before
@@ -147,7 +147,10 @@ class VragAgentLoop(AgentLoopBase):
         with _preflight_lock:  # the agent's cache of confirmed documents is shared by every loop
             self.agent.preflight([doc_id], counts)
 
-    def _episode(self, row: dict, sample: int) -> Episode:
+    def _episode(self, row: dict, sample: int) -> tuple[Episode, list[int]]:
+        """The row's episode and its prompt in the trainer's view (each image's pads expanded);
+        a prompt longer than `prompt_length` is refused here (verl pads but never cuts it, and a
+        longer row breaks its batch)."""
         agent = self.agent
         messages = row["raw_prompt"]
         images = [part["image"] for message in messages if isinstance(message.get("content"), list)
@@ -162,16 +165,21 @@ class VragAgentLoop(AgentLoopBase):
             raise ValueError(f"vrag_agent: the row has no {agent.config.doc_id_key!r} column: the agent searches "
                              "inside each sample's document (convert the dataset with its doc_id column)")
         agent.format.check_prompts([ids], agent.tokenizer)
-        return Episode(index=sample, prompt_engine_ids=ids, prompt_images=images, doc_id=str(doc_id),
-                       response_length=agent.config.response_length, max_images=agent.max_images)
-
-    def _output(self, episode: Episode, clock: ScheduleClock, steps: dict) -> AgentLoopOutput:
-        agent = self.agent
         grids = []
-        if episode.prompt_images:
-            found = agent.processor.image_processor(images=episode.prompt_images, return_tensors="pt")
+        if images:
+            found = agent.processor.image_processor(images=images, return_tensors="pt")
             grids = [tuple(int(x) for x in grid) for grid in found["image_grid_thw"]]
-        prompt_ids = expand_pads(episode.prompt_engine_ids, grids, agent.vision_tokens.image_pad, agent.merge_size)
+        prompt_ids = expand_pads(ids, grids, agent.vision_tokens.image_pad, agent.merge_size)
+        if len(prompt_ids) > agent.config.prompt_length:
+            raise ValueError(f"vrag_agent: a prompt of {len(prompt_ids)} tokens (images expanded) exceeds "
+                             f"actor_rollout_ref.rollout.prompt_length={agent.config.prompt_length}: raise it, or "
+                             "filter long prompts out of the dataset (data.filter_overlong_prompts)")
+        episode = Episode(index=sample, prompt_engine_ids=ids, prompt_images=images, doc_id=str(doc_id),
+                          response_length=agent.config.response_length, max_images=agent.max_images)
+        return episode, prompt_ids
+
+    def _output(self, episode: Episode, prompt_ids: list[int], clock: ScheduleClock, steps: dict) -> AgentLoopOutput:
+        agent = self.agent
         images = list(episode.prompt_images) + [page.image for page in episode.images]
         extra = {"termination_reason": episode.termination, "page_ids": [list(p) for p in episode.page_ids],
                  "budget_overflow": episode.budget_overflow, "num_searches": episode.searches,

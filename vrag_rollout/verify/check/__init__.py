@@ -19,6 +19,7 @@ Modules:
 - `positions`: text and mrope positions against `get_rope_index` ("positions").
 - `observations`: masked blocks decode to tool results / tool turns ("observations").
 - `groups`: the samples of one prompt are not all identical ("grpo").
+- `turns`: each token's turn id against the loss mask's turn starts ("turns", when the batch has them).
 - `forward`: rollout logprobs against a transformers forward pass ("forward", optional).
 - `runner`: `check_batch`, `run_check` and the CLI body `main`.
 """

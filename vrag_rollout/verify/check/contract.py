@@ -40,6 +40,7 @@ def check_shapes(saved: SavedBatch) -> tuple[list[Failure], list[str]]:
         "response_mask": (size, resp_len),
         "loss_mask": (size, resp_len),
         "rollout_log_probs": (size, resp_len),
+        "turn_ids": (size, resp_len),
     }
     for key, shape in want.items():
         if key in t and tuple(t[key].shape) != shape:

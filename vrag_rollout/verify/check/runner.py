@@ -23,6 +23,7 @@ from .forward import check_forward
 from .groups import check_groups
 from .images import check_images
 from .observations import check_native_observations, check_observations
+from .turns import check_turns
 from .oracle import load_oracle
 from .positions import check_positions
 from .report import CheckInputError, Report
@@ -61,6 +62,7 @@ def check_batch(saved: SavedBatch, model_dir: str | Path, *, forward: bool = Fal
     processed: dict[int, Any] = {}
     skipped_positions = []
     native = (saved.config or {}).get("action_format") == "tool_call"
+    turn_ids = saved.tensors.get("turn_ids")
     for row in rows:
         report.failures += check_row_contract(row, prompts[row.index].long(), oracle.eos_ids, native)
         image_fails, grids, outputs = check_images(row, saved, oracle)
@@ -71,6 +73,7 @@ def check_batch(saved: SavedBatch, model_dir: str | Path, *, forward: bool = Fal
         else:
             skipped_positions.append(row.index)
         report.failures += (check_native_observations if native else check_observations)(row, oracle)
+        report.failures += check_turns(row, turn_ids[row.index] if turn_ids is not None else None)
     if skipped_positions:
         report.notes.append(f"mrope positions not compared for samples {skipped_positions}: "
                             "their image tokens are broken")
