@@ -42,6 +42,8 @@ class ModelFamily:
     processor_class: str  # the family's processor class in transformers
     # "module:Class" whose get_rope_index is this family's own: the positions must equal it.
     rope_model_class: str
+    # How the family writes a box (core/regions.py): 0..1000 of the image, or pixels as shown.
+    grounding_frame: str = "relative-1000"
 
 
 QWEN2_VL = ModelFamily(
@@ -55,6 +57,7 @@ QWEN2_5_VL = ModelFamily(
     model_types=("qwen2_5_vl",),
     processor_class="Qwen2_5_VLProcessor",
     rope_model_class="transformers.models.qwen2_5_vl.modeling_qwen2_5_vl:Qwen2_5_VLModel",
+    grounding_frame="absolute",  # pixels of the resized image the model saw
 )
 QWEN3_VL = ModelFamily(
     name="qwen3-vl",

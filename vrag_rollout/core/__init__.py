@@ -10,6 +10,7 @@ Rule (tests/test_layers.py): imports only `core/` and the package's leaf modules
 - `observation`: tool results as observation tokens (engine and trainer views).
 - `serial_tokenizer`: a tokenizer any thread may call, one call at a time.
 - `vision`: page decoding and resizing into the processor's pixel band.
+- `regions`: a box in a family's grounding frame mapped to fractions of the page (the region action).
 - `positions`: mrope position ids of a sequence with images.
 - `batch`: episodes assembled into the trainer's tensors and columns.
 - `prompt_images`: the images of a prompt, in the input's spellings.
