@@ -164,11 +164,22 @@ def _text_ids(ids: dict) -> dict:
     return dict(bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
 
 
+def _rope(**extra: Any) -> dict:
+    """The text config's RoPE settings: transformers 5 reads `rope_parameters`; 4.x reads
+    `rope_theta` and `rope_scaling` (where M-RoPE's sections live) and ignores `rope_parameters`."""
+    import transformers
+
+    params = dict(_MROPE, **extra)
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        return {"rope_parameters": params}
+    return {"rope_theta": params.pop("rope_theta"), "rope_scaling": params}
+
+
 def _qwen2_vl_config(ids: dict, vocab_size: int) -> Any:
     from transformers import Qwen2VLConfig
 
     text = dict(_TEXT, vocab_size=vocab_size, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
-                rope_parameters=dict(_MROPE), **_text_ids(ids))
+                **_rope(), **_text_ids(ids))
     vision = dict(depth=1, embed_dim=64, hidden_size=128, num_heads=4, mlp_ratio=2, in_channels=3,
                   patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
     return Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **_token_ids(ids))
@@ -178,7 +189,7 @@ def _qwen2_5_vl_config(ids: dict, vocab_size: int) -> Any:
     from transformers import Qwen2_5_VLConfig
 
     text = dict(_TEXT, vocab_size=vocab_size, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
-                rope_parameters=dict(_MROPE), **_text_ids(ids))
+                **_rope(), **_text_ids(ids))
     # Two blocks: one with window attention and one with full attention, as the released model mixes them.
     vision = dict(depth=2, fullatt_block_indexes=[1], window_size=112, hidden_size=64, intermediate_size=128,
                   num_heads=4, out_hidden_size=128, in_channels=3, patch_size=14, spatial_merge_size=2,
@@ -190,7 +201,7 @@ def _qwen3_vl_config(ids: dict, vocab_size: int) -> Any:
     from transformers import Qwen3VLConfig
 
     text = dict(_TEXT, vocab_size=vocab_size, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
-                head_dim=32, rope_parameters=dict(_MROPE, mrope_interleaved=True), **_text_ids(ids))
+                head_dim=32, **_rope(mrope_interleaved=True), **_text_ids(ids))
     # deepstack_visual_indexes: the first vision block also feeds the text layers, as in the release.
     vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                   num_position_embeddings=256, deepstack_visual_indexes=[0], in_channels=3, patch_size=16,

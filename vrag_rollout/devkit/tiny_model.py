@@ -77,7 +77,6 @@ def _train_tokenizer(seed: int, family: TinyFamily):
     """Byte-level BPE with Qwen2's normalizer/pre-tokenizer, wrapped as a Qwen2Tokenizer."""
     from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
     from tokenizers.models import BPE
-    from transformers import Qwen2Tokenizer
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
     raw = Tokenizer(BPE())
@@ -101,22 +100,34 @@ def _train_tokenizer(seed: int, family: TinyFamily):
     vocab = dict(sorted(model["vocab"].items(), key=lambda kv: kv[1]))
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
 
-    tok = Qwen2Tokenizer(
-        vocab=vocab,
-        merges=merges,
-        unk_token=None,
-        eos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-        model_max_length=32768,
-    )
+    tok = _qwen2_tokenizer(vocab, merges)
     # Append the specials in Qwen's order (<|endoftext|> is already there, first), then make
-    # <|im_end|> the EOS as in the Instruct models: chat turns end with it.
-    tok.add_special_tokens({"extra_special_tokens": list(SPECIAL_TOKENS)})
+    # <|im_end|> the EOS as in the Instruct models: chat turns end with it. (transformers 5 calls
+    # the key extra_special_tokens and still takes the 4.x name.)
+    tok.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS)})
     if family.added_tokens:  # e.g. <tool_call>, <think>: whole tokens, but not special ones
         tok.add_tokens(list(family.added_tokens))
     tok.eos_token = "<|im_end|>"
     tok.chat_template = family.chat_template
     return tok
+
+
+def _qwen2_tokenizer(vocab: dict, merges: list):
+    """A Qwen2 tokenizer over this BPE: transformers 5's Qwen2Tokenizer takes vocab and merges
+    directly; 4.x's (slow, file-based) does not, so there the fast one is built from the files."""
+    from transformers import Qwen2Tokenizer
+
+    settings = dict(unk_token=None, eos_token="<|endoftext|>", pad_token="<|endoftext|>", model_max_length=32768)
+    try:
+        return Qwen2Tokenizer(vocab=vocab, merges=merges, **settings)
+    except TypeError:  # transformers < 5
+        from transformers import Qwen2TokenizerFast
+
+        with tempfile.TemporaryDirectory() as tmp:
+            vocab_file, merges_file = Path(tmp) / "vocab.json", Path(tmp) / "merges.txt"
+            vocab_file.write_text(json.dumps(vocab, ensure_ascii=False))
+            merges_file.write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+            return Qwen2TokenizerFast(vocab_file=str(vocab_file), merges_file=str(merges_file), **settings)
 
 
 def _special_ids(tok) -> dict[str, int]:

@@ -36,8 +36,24 @@ def configure_cpu_defaults() -> None:
     except ImportError:  # pragma: no cover - torch is a hard dependency
         return
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", _unbound_threads_value())
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def _unbound_threads_value() -> str:
+    """The VLLM_CPU_OMP_THREADS_BIND value that leaves OpenMP threads unbound: "nobind" since
+    vLLM 0.11.1; "all" before (which later vLLM takes for a CPU list, and 0.11.0 "nobind": both
+    crash the CPU worker). Read from the installed distribution, without importing vLLM."""
+    import re
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            release = tuple(int(part) for part in re.findall(r"\d+", version(dist).split("+")[0])[:3])
+        except PackageNotFoundError:
+            continue
+        return "all" if release < (0, 11, 1) else "nobind"
+    return "nobind"
 
 
 def sleep_mode_available() -> bool:
