@@ -29,6 +29,7 @@ The engine must be awake and idle (no request in flight) during a sync.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Iterable, Iterator, Sequence
 
 from ..families import BANNED_SPECIAL_TOKENS
@@ -174,8 +175,9 @@ def hf_logprobs(hf_model: Any, processor: Any, ids: Any, images: list, bias: Any
     import torch
 
     image_pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
-    inputs = {"input_ids": ids[None], "attention_mask": torch.ones_like(ids)[None],
-              "mm_token_type_ids": (ids == image_pad).int()[None]}
+    inputs = {"input_ids": ids[None], "attention_mask": torch.ones_like(ids)[None]}
+    if "mm_token_type_ids" in inspect.signature(hf_model.forward).parameters:  # transformers 5.x
+        inputs["mm_token_type_ids"] = (ids == image_pad).int()[None]
     if images:
         inputs.update(processor.image_processor(images=images, return_tensors="pt"))
     with torch.no_grad():

@@ -38,6 +38,7 @@ Pure: no I/O; the model, optimizer and batch are the caller's.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Optional
 
 import numpy as np
@@ -116,10 +117,12 @@ def response_log_probs(hf_model: Any, processor: Any, batch: Any, temperature: f
     prompt_width = tokens["input_ids"].shape[1] - tokens["responses"].shape[1]
     device = next(hf_model.parameters()).device
     rows = []
+    takes_token_types = "mm_token_type_ids" in inspect.signature(hf_model.forward).parameters
     for row in range(len(tokens["input_ids"])):
         ids = tokens["input_ids"][row][tokens["attention_mask"][row].bool()].to(device)
-        inputs = {"input_ids": ids[None], "attention_mask": torch.ones_like(ids)[None],
-                  "mm_token_type_ids": (ids == image_pad).int()[None]}
+        inputs = {"input_ids": ids[None], "attention_mask": torch.ones_like(ids)[None]}
+        if takes_token_types:  # transformers 5.x
+            inputs["mm_token_type_ids"] = (ids == image_pad).int()[None]
         images = sample_images(batch, row)
         if images:
             inputs.update(processor.image_processor(images=images, return_tensors="pt").to(device))

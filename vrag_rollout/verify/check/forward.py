@@ -21,7 +21,7 @@ from typing import Any, Optional
 import torch
 
 from ..saved_batch import SavedBatch
-from .oracle import ModelOracle
+from .oracle import ModelOracle, token_types
 from .report import Failure
 from .rows import Row, first_bad
 
@@ -49,7 +49,7 @@ def check_forward(saved: SavedBatch, oracle: ModelOracle, rows: list[Row], proce
         ids = row.ids[valid][None]
         types = torch.zeros_like(ids, dtype=torch.int32)
         types[ids == oracle.image_pad] = 1
-        kwargs: dict[str, Any] = {"mm_token_type_ids": types}
+        kwargs: dict[str, Any] = token_types(model.forward, types)
         outputs = processed.get(row.index)
         if outputs is not None:
             kwargs.update(pixel_values=outputs["pixel_values"], image_grid_thw=outputs["image_grid_thw"])

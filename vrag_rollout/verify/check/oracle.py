@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -99,8 +100,8 @@ class ModelOracle:
         types[input_ids == self.image_pad] = 1
         types[input_ids == self.video_pad] = 2
         positions, _ = self._rope_model.get_rope_index(
-            input_ids=input_ids[None], mm_token_type_ids=types[None], image_grid_thw=grids,
-            attention_mask=attention_mask[None],
+            input_ids=input_ids[None], image_grid_thw=grids, attention_mask=attention_mask[None],
+            **token_types(self._rope_model.get_rope_index, types[None]),
         )
         return positions[:, 0]
 
@@ -123,6 +124,12 @@ class ModelOracle:
 
 
 @functools.lru_cache(maxsize=4)
+def token_types(function: Any, types: torch.Tensor) -> dict:
+    """`{"mm_token_type_ids": types}` for transformers' functions that take it (5.x), else {}
+    (4.x's find images by their tokens)."""
+    return {"mm_token_type_ids": types} if "mm_token_type_ids" in inspect.signature(function).parameters else {}
+
+
 def load_oracle(model_dir: str) -> ModelOracle:
     return ModelOracle(model_dir)
 
