@@ -23,7 +23,8 @@ the harness's server wrapper, identically for both loops; the server also masks 
 placeholders, as verl's server does. Each loop's trajectory finds its sample number through a
 context variable set by a wrapper of the worker's `_run_agent_loop`.
 
-Printed per loop: wall time (median over --repeats; the loops alternate which goes first) and the
+Printed per loop: wall time (median over --repeats, after --warmup untimed passes of each loop;
+the loops alternate which goes first; this CPU is shared, so single walls vary) and the
 ratio; CPU seconds outside the engine per turn (this process's CPU time minus the CPU of vLLM's
 frontend in this process, which the server measures, over the turns; the engine core runs in
 vLLM's own process, whose CPU is printed apart); retriever calls and their batch sizes; turns,
@@ -36,7 +37,7 @@ tells `check` the batch is in the tool-call format (our loop records it in `roll
 Targets: vrag_agent at least 1.3x faster than tool_agent; zero check failures for vrag_agent
 (verl's are reported as found).
 
-    .venv/bin/python scripts/bench_verl.py [--prompts 8] [--n 2] [--max-turns 4] [--repeats 1]
+    .venv/bin/python scripts/bench_verl.py [--prompts 8] [--n 2] [--max-turns 4] [--repeats 3] [--warmup 1]
 """
 
 from __future__ import annotations
@@ -153,7 +154,8 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--n", type=int, default=2)
     parser.add_argument("--max-turns", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed passes of each loop first")
     parser.add_argument("--family", default="qwen2-vl")
     parser.add_argument("--think-lengths", type=lambda text: tuple(int(x) for x in text.split(",")), default=None,
                         help="characters of thought per turn, one picked per turn (default: bench_schedules')")
@@ -264,6 +266,11 @@ async def run(args: argparse.Namespace) -> int:
     await asyncio.gather(*[server.generate(f"warm{i}", prompt_ids=warm_ids, sampling_params={
         "max_tokens": 1, "structured_outputs": {"regex": r}}) for i, r in enumerate(regexes)])
 
+    for _ in range(args.warmup):  # first passes pay one-off costs (processor, allocator, caches)
+        for name in LOOPS:
+            planned.loop_name, planned.turns = f"warmup {name}", Counter()
+            await worker.generate_sequences(rows[name])
+
     results: dict = {name: [] for name in LOOPS}
     core_pids = server.engine_core_pids()
     for repeat in range(args.repeats):
@@ -285,7 +292,8 @@ async def run(args: argparse.Namespace) -> int:
 
     # ---- report ----
     print(f"verl {verl.__version__}, vllm {vllm.__version__}, {family} tiny model, {args.prompts} prompts x n={args.n} "
-          f"= {size} trajectories, max {args.max_turns} turns, repeats {args.repeats}; retriever latency 100-400 ms")
+          f"= {size} trajectories, max {args.max_turns} turns, {args.warmup} warm-up + {args.repeats} timed passes "
+          f"per loop; retriever latency 100-400 ms")
     plan_turns = Counter(planned_turns(s, args.max_turns) for s in range(size))
     print("planned turns per sample: " + ", ".join(f"{k}: {plan_turns[k]}" for k in sorted(plan_turns)))
     print(f"{'loop':<11} {'wall s':>7} {'turns':>6} {'CPU s':>6} {'vLLM front s':>12} {'CPU/turn ms':>11} "
@@ -303,11 +311,16 @@ async def run(args: argparse.Namespace) -> int:
               f"{outside * 1000:>11.1f} {last['core']:>10.2f} {last['in_flight']:>9} "
               f"{int(last['stats']['calls']):>11} {int(last['stats']['items']):>6} "
               f"{' '.join(f'{k}x{v}' for k, v in sorted(sizes.items())):<20}")
-        if len(runs) > 1:
-            print(f"{'':<11} walls: " + ", ".join(f"{r['wall']:.2f}" for r in runs))
+        print(f"{'':<11} wall per repeat: " + ", ".join(f"{r['wall']:.2f}" for r in runs))
     speedup = walls["tool_agent"] / walls["vrag_agent"]
-    print(f"speed-up vrag_agent over tool_agent: {speedup:.2f}x (target >= {TARGET_SPEEDUP:g}x) "
-          f"{'PASS' if speedup >= TARGET_SPEEDUP else 'FAIL'}")
+    paired = [b["wall"] / a["wall"] for a, b in zip(results["vrag_agent"], results["tool_agent"])]
+    best = min(r["wall"] for r in results["tool_agent"]) / min(r["wall"] for r in results["vrag_agent"])
+    print(f"speed-up vrag_agent over tool_agent: {speedup:.2f}x by median wall (target >= {TARGET_SPEEDUP:g}x) "
+          f"{'PASS' if speedup >= TARGET_SPEEDUP else 'FAIL'}; {best:.2f}x by best pass; per repeat "
+          + ", ".join(f"{x:.2f}x" for x in paired)
+          + (" (spread wider than the target margin: the machine's load, not the loops, decides; "
+             "the tokens, prompts and retriever calls above are the same in both)"
+             if len(paired) > 1 and max(paired) - min(paired) > TARGET_SPEEDUP - 1 else ""))
 
     same = sum(1 for (loop, s, t), ids in planned.tokens.items()
                if loop == "vrag_agent" and planned.tokens.get(("tool_agent", s, t)) == ids)
@@ -318,7 +331,7 @@ async def run(args: argparse.Namespace) -> int:
         batch = results[name][-1]["batch"]
         columns = batch.non_tensor_batch
         reasons = Counter(str(r) for r in columns.get("termination_reason", [])) if "termination_reason" in columns else None
-        print(f"{name}: turns per trajectory {dict(sorted(Counter(int(t) for t in columns['__num_turns__']).items()))}"
+        print(f"{name}: __num_turns__ (the loop's own count) {dict(sorted(Counter(int(t) for t in columns['__num_turns__']).items()))}"
               + (f", termination {dict(reasons)}" if reasons else ""))
     prompts_same = bool((results["vrag_agent"][-1]["batch"].batch["prompts"]
                          == results["tool_agent"][-1]["batch"].batch["prompts"]).all())
