@@ -11,6 +11,7 @@ search or page read. Items the service answers with an error item are not search
 The bound counts each page item's other fields (id, doc_id, page, mime, role, headings) as
 `ITEM_ALLOWANCE` bytes, and a backend may not know its sizes, so the rendered answer is
 measured too (`check_rendered`): an answer over the limit is refused whole, never cut short.
+Crops are drawn per request, their sizes unknown before: their answers are measured only.
 """
 
 from __future__ import annotations
@@ -132,3 +133,9 @@ def search_advice(queries: int, top_n: int, size: int, limit: int) -> str:
 def fetch_advice(pages: int, size: int, limit: int) -> str:
     fit = _fits(pages, size, limit)
     return f"Fetch fewer pages per request (at most about {max(fit, 1):,})"
+
+
+def crop_advice(crops: int, size: int, limit: int) -> str:
+    fit = _fits(crops, size, limit)
+    return (f"Crop fewer regions per request (at most about {max(fit, 1):,}) or ask for a "
+            f"smaller max_pixels")

@@ -27,13 +27,14 @@ from .contract import JSON, MSGPACK, prefers_msgpack
 from .lifecycle import VERSION_HEADER, IndexSlot, LoadedIndex
 from .limits import Limits
 from .metrics import ServerMetrics
-from .schemas import (BatchFetchRequest, BatchSearchRequest, DocumentList, FetchRequest, Health,
-                      Item, Problem, SearchRequest)
+from .regions import Band
+from .schemas import (BatchCropRequest, BatchFetchRequest, BatchSearchRequest, DocumentList,
+                      FetchRequest, Health, Item, Problem, SearchRequest)
 from .service import RequestError
 
 API_KEY_HEADER = "X-API-Key"
 # Routes that do the work and therefore pass admission control; the rest never queue.
-GATED_ROUTES = frozenset({"/batch_search", "/search", "/batch_fetch", "/fetch"})
+GATED_ROUTES = frozenset({"/batch_search", "/search", "/batch_fetch", "/fetch", "/batch_crop"})
 _KNOWN_ROUTES = GATED_ROUTES | {"/health", "/ready", "/metrics", "/documents", "/admin/reload"}
 
 
@@ -109,7 +110,7 @@ def create_app(source, *, api_key: str | None = None, limits: Limits | None = No
               "top_n fit)"),
         (415, "request body not sent as JSON (content-type: application/json)"),
         (422, "malformed request: malformed JSON, wrong types, batch too large, top_n out of "
-              "range"),
+              "range, a crop's pixel band out of range"),
         (503, "overloaded: retry after the Retry-After header's seconds (Retry-After-Ms: the "
               "same, in milliseconds)")]}
     # strict_content_type=False: a body without a content-type header is read as JSON; one sent
@@ -206,5 +207,15 @@ def create_app(source, *, api_key: str | None = None, limits: Limits | None = No
         # ALDEN's single-page fetch; same items as /batch_fetch.
         return await answer(request, lambda index, form: index.service.batch_fetch(
             [req.query], [req.id], form))
+
+    @app.post("/batch_crop", response_class=Response, dependencies=auth,
+              responses={200: {"model": list[Item], "description": "one image per crop"},
+                         **problems})
+    async def batch_crop(req: BatchCropRequest, request: Request) -> Response:
+        """A region of each page, drawn from its PDF at the resolution the band allows (see
+        docs/retriever.md, *Crop*)."""
+        band = Band(req.min_pixels, req.max_pixels, req.factor)
+        return await answer(request, lambda index, form: index.service.batch_crop(
+            req.id, req.page, req.box, band, form))
 
     return app

@@ -164,7 +164,7 @@ examples:
     p.set_defaults(func=_cmd_index)
 
     p = command("serve", "serve an index over HTTP", """\
-Serve INDEX_DIR over HTTP (POST /batch_search, /batch_fetch, /search, /fetch;
+Serve INDEX_DIR over HTTP (POST /batch_search, /batch_fetch, /batch_crop, /search, /fetch;
 GET /health, /ready, /metrics, /documents; the schema at GET /docs).
 
 example:

@@ -56,6 +56,22 @@ def fit_to_budget(width: float, height: float, min_pixels: int, max_pixels: int,
     return w, h
 
 
+def render_scale(width: float, height: float, size: tuple[int, int]) -> float:
+    """The one scale at which a page of ``width`` x ``height`` (points) covers ``size`` on both
+    axes: a PDF page is rendered at it, then trimmed to ``size`` (`center_window`)."""
+    return max(size[0] / width, size[1] / height)
+
+
+def center_window(have: tuple[int, int], size: tuple[int, int]) -> tuple[int, int, int, int] | None:
+    """The centred ``size`` window (left, top, right, bottom) kept of an image of size ``have``;
+    None when the image is kept whole (the same size, or smaller on an axis: resampled)."""
+    if have == size or have[0] < size[0] or have[1] < size[1]:
+        return None
+    left = (have[0] - size[0]) // 2
+    top = (have[1] - size[1]) // 2
+    return left, top, left + size[0], top + size[1]
+
+
 def encode_jpeg(image: Image.Image, size: tuple[int, int], quality: int) -> bytes:
     """Resize (when needed) and encode as baseline JPEG, RGB."""
     if image.mode != "RGB":

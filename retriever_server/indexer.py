@@ -1,4 +1,5 @@
-"""Build an index directory: page images, text, BM25, manifest; written atomically.
+"""Build an index directory: page images, text, BM25, a copy of each PDF, manifest; written
+atomically.
 
 Everything goes into a temporary directory beside the target, which is renamed into place only
 once complete, so readers never see a half-written index. Re-indexing builds a fresh directory
@@ -24,7 +25,8 @@ from tqdm import tqdm
 
 from .imaging import DEFAULT_DPI, DEFAULT_JPEG_QUALITY, DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
 from .ingest import DocSource, OcrPolicy, count_pages, discover, iter_pages
-from .manifest import MANIFEST_NAME, DocEntry, Manifest, PageEntry, image_name, write_manifest
+from .manifest import (MANIFEST_NAME, DocEntry, Manifest, PageEntry, image_name, pdf_name,
+                       write_manifest)
 from .swap import new_build_dir, recover, swap_in
 
 CHUNK_PAGES = 16
@@ -110,13 +112,24 @@ def build_index(sources: list[Path], out_dir: Path, *, min_pixels: int = DEFAULT
     return out_dir
 
 
+def _keep_pdf(doc: DocSource, number: int, tmp: Path) -> str | None:
+    """Copy a PDF document into the index (crops render from it; a copy, so the index stays
+    whole and swaps as one, whatever happens to the source later); its name there."""
+    if doc.kind != "pdf":
+        return None
+    name = pdf_name(number)
+    (tmp / name).parent.mkdir(exist_ok=True)
+    shutil.copyfile(doc.path, tmp / name)
+    return name
+
+
 def _plan(docs: list[DocSource], tmp: Path, settings: dict) -> tuple[list[_Chunk], list[DocEntry]]:
     chunks, entries, row = [], [], 0
-    for doc in docs:
+    for number, doc in enumerate(docs):
         n = count_pages(doc)
         if n == 0:
             raise ValueError(f"{doc.path}: document has no pages")
-        entries.append(DocEntry(doc.doc_id, str(doc.path), n, row))
+        entries.append(DocEntry(doc.doc_id, str(doc.path), n, row, _keep_pdf(doc, number, tmp)))
         for first in range(1, n + 1, CHUNK_PAGES):
             last = min(n, first + CHUNK_PAGES - 1)
             chunks.append(_Chunk(doc, first, last, row + first - 1, tmp, **settings))

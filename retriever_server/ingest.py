@@ -18,7 +18,7 @@ from PIL import Image
 from . import headings as headings_mod
 from . import ocr as ocr_mod
 from . import roles as roles_mod
-from .imaging import DEFAULT_DPI, encode_jpeg, fit_to_budget
+from .imaging import DEFAULT_DPI, center_window, encode_jpeg, fit_to_budget, render_scale
 from .layout import page_lines
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".bmp", ".gif"})
@@ -165,14 +165,13 @@ def _pdf_pages(path: Path, min_pixels: int, max_pixels: int, quality: int, ocr: 
             text = textpage.get_text_range().replace("\r\n", "\n")
             lines = page_lines(textpage)
             textpage.close()
-            width_pt, height_pt = page.get_size()
-            if page.get_rotation() in (90, 270):
-                width_pt, height_pt = height_pt, width_pt
+            width_pt, height_pt = page.get_size()  # as displayed: pdfium applies /Rotate
             size = fit_to_budget(width_pt * dpi / 72, height_pt * dpi / 72, min_pixels, max_pixels)
             # Render at the stored size: the scale covers both sides, and the excess from
             # rounding to the 28-grid (under 28 px on one axis) is trimmed evenly from the two
-            # margins, which is cheaper than resampling and keeps text sharp.
-            scale = max(size[0] / width_pt, size[1] / height_pt)
+            # margins, which is cheaper than resampling and keeps text sharp. (Crops map their
+            # boxes through the same window: ``regions.stored_window``.)
+            scale = render_scale(width_pt, height_pt, size)
             image = page.render(scale=scale, rev_byteorder=True).to_pil()
             image = _center_crop(image, size)
             source = "pdf" if text.strip() else "none"
@@ -189,11 +188,8 @@ def _pdf_pages(path: Path, min_pixels: int, max_pixels: int, quality: int, ocr: 
 
 
 def _center_crop(image: Image.Image, size: tuple[int, int]) -> Image.Image:
-    if image.size == size or image.width < size[0] or image.height < size[1]:
-        return image  # encode_jpeg resamples whatever does not match
-    left = (image.width - size[0]) // 2
-    top = (image.height - size[1]) // 2
-    return image.crop((left, top, left + size[0], top + size[1]))
+    window = center_window(image.size, size)
+    return image if window is None else image.crop(window)  # encode_jpeg resamples the rest
 
 
 def _image_pages(paths: tuple[Path, ...], min_pixels: int, max_pixels: int, quality: int,

@@ -18,6 +18,10 @@ class Limits:
     # x top_n 1-3 of ~85 KiB pages: 7-21 MiB of JSON) fit with room; 1,024 queries x top_n 50
     # (up to 51,200 pages, gigabytes) do not.
     max_answer_bytes: int = 64 * 1024 * 1024
+    # Crops are rendered per request (nothing cached): at most this many a /batch_crop request,
+    # each at most this many pixels (Qwen2-VL's processor's own default max_pixels).
+    max_crop_batch: int = contract.MAX_CROP_BATCH
+    max_crop_pixels: int = 16384 * 28 * 28
 
     def __post_init__(self):
         if self.max_answer_bytes < 1:

@@ -2,6 +2,10 @@
 
 Rows of ``pages`` are in corpus order (the order of the BM25 matrix); a document's pages are
 contiguous and sorted by page number, which is what lets search slice one document cheaply.
+
+A PDF document's entry names the copy of its PDF kept inside the index (``pdf``:
+``sources/<n>.pdf``), which crops render from. The field is optional: indexes built before
+crops (and page-image documents) have none, and crop from the stored page images instead.
 """
 
 from __future__ import annotations
@@ -19,10 +23,16 @@ MANIFEST_NAME = "manifest.json"
 # Image names are written by the indexer only; the store refuses anything else (defence in depth
 # against a hand-edited manifest pointing outside the index).
 IMAGE_NAME_RE = re.compile(r"^pages/[0-9]{6,}\.jpg$")
+PDF_NAME_RE = re.compile(r"^sources/[0-9]{6,}\.pdf$")
 
 
 def image_name(row: int) -> str:
     return f"pages/{row:06d}.jpg"
+
+
+def pdf_name(doc_number: int) -> str:
+    """Name of the ``doc_number``-th document's PDF copy inside the index (0-based)."""
+    return f"sources/{doc_number:06d}.pdf"
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,9 @@ class DocEntry:
     source: str
     num_pages: int
     first_row: int
+    # Optional (absent in indexes built before crops, None for page-image documents): the
+    # name of the document's PDF copy inside the index dir, which crops render from.
+    pdf: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,9 @@ class Manifest:
                     raise ValueError(f"manifest: pages of {doc.doc_id!r} are not 1..{doc.num_pages}")
         if sum(d.num_pages for d in self.docs) != len(self.pages):
             raise ValueError("manifest: page count mismatch")
+        for doc in self.docs:
+            if doc.pdf is not None and not (isinstance(doc.pdf, str) and PDF_NAME_RE.match(doc.pdf)):
+                raise ValueError(f"manifest: refusing PDF name {doc.pdf!r}")
         for entry in self.pages:
             if not IMAGE_NAME_RE.match(entry.image):
                 raise ValueError(f"manifest: refusing image name {entry.image!r}")

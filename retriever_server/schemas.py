@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
+
+from .contract import CROP_FACTOR
+from .imaging import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
 
 
 class BatchSearchRequest(BaseModel):
@@ -18,6 +23,21 @@ class BatchFetchRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     query: list[str] = Field(description='"image, <page>", "text, <page>" or "<page>-th"; 1-based')
     id: list[str] | str = Field(description="doc id per fetch (or one doc id for all)")
+
+
+class BatchCropRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: list[str] | str = Field(description="doc id per crop (or one doc id for all)")
+    page: list[int] = Field(description="1-based page per crop")
+    # Any JSON per box: a box that is not 4 numbers is that item's error, not the request's.
+    box: list[Any] = Field(description="[x1, y1, x2, y2] per crop: fractions 0..1 of the page's "
+                                       "width and height, top left corner first")
+    min_pixels: int = Field(DEFAULT_MIN_PIXELS, description="each crop has at least this many "
+                                                           "pixels")
+    max_pixels: int = Field(DEFAULT_MAX_PIXELS, description="each crop has at most this many "
+                                                           "pixels (the sharpest that fits)")
+    factor: int = Field(CROP_FACTOR, description="crop sides are multiples of this (28: "
+                                                 "Qwen2/2.5-VL, 32: Qwen3-VL)")
 
 
 class SearchRequest(BaseModel):
@@ -46,6 +66,12 @@ class Item(BaseModel):
     score: float | None = None
     role: str | None = Field(None, description='page role: "body", "contents", "index" or "front"')
     headings: list[str] | None = Field(None, description="heading lines found on the page")
+    code: str | None = Field(None, description="an error item's code: whose mistake it was")
+    box: list[float] | None = Field(None, description="a crop's box, as asked for")
+    width: int | None = Field(None, description="a crop's width in pixels")
+    height: int | None = Field(None, description="a crop's height in pixels")
+    source: str | None = Field(None, description='what a crop was drawn from: "pdf" or '
+                                                 '"page_image"')
 
 
 class DocumentInfo(BaseModel):

@@ -1,5 +1,5 @@
-"""The retriever's request handling, without HTTP: validate, search or fetch, render the answer's
-bytes in the negotiated format (``contract.JSON`` or ``contract.MSGPACK``, see ``wire``).
+"""The retriever's request handling, without HTTP: validate, search, fetch or crop, render the
+answer's bytes in the negotiated format (``contract.JSON`` or ``contract.MSGPACK``, see ``wire``).
 
 ``RequestError`` marks a request-level problem (the app answers 422), ``AnswerTooLarge`` an
 answer over ``Limits.max_answer_bytes`` (413: checked before searching or reading a page, and on
@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from . import answer_size, contract, wire
+from . import answer_size, contract, regions, wire
 from .backends.base import Backend, Hit
 from .cache import FragmentCache
+from .cropping import Cropper, RegionTooSmall
+from .imaging import DEFAULT_JPEG_QUALITY
 from .limits import Limits, doc_problem, fetch_spec_problem, page_problem, parse_fetch_spec, query_problem
 from .store import IndexReplacedError
 
@@ -33,6 +35,9 @@ class RetrieverService:
         self.backend, self.cache, self.limits = backend, cache, limits
         self.documents: Mapping[str, int] = backend.documents()
         self.budget = answer_size.AnswerBudget(backend, limits.max_answer_bytes)
+        store = getattr(backend, "store", None)  # crops are encoded as the index's pages were
+        settings = getattr(getattr(store, "manifest", None), "settings", None) or {}
+        self.jpeg_quality = int(settings.get("jpeg_quality", DEFAULT_JPEG_QUALITY))
 
     # -- request-level checks --------------------------------------------------------------
     def doc_ids_for(self, ids: list[str] | str, n: int) -> list[str]:
@@ -150,3 +155,52 @@ class RetrieverService:
             wire.render(tree, form), form,
             lambda size: answer_size.fetch_advice(max(len(images), 1), size,
                                                   self.budget.max_bytes))
+
+    # -- crop ------------------------------------------------------------------------------
+    def _crop_plan(self, doc_id: str, page: int, box) -> dict | None:
+        """The error item of a crop that cannot be made, else None."""
+        if problem := doc_problem(doc_id, self.documents):
+            return wire.error_item(problem, contract.UNKNOWN_DOCUMENT)
+        if problem := page_problem(doc_id, page, self.documents):
+            return wire.error_item(problem, contract.PAGE_OUT_OF_RANGE)
+        if problem := contract.box_problem(box):
+            return wire.error_item(problem, contract.BAD_BOX)
+        return None
+
+    def _crop_node(self, cropper: Cropper, doc_id: str, page: int, box, band: regions.Band,
+                   form: str) -> dict:
+        try:
+            crop = cropper.crop(doc_id, page, box, band)
+        except RegionTooSmall as exc:
+            return wire.error_item(str(exc), contract.BAD_BOX)
+        except Exception as exc:  # noqa: BLE001 - one unreadable page must not sink the batch
+            return wire.error_item(_unreadable(exc))
+        return wire.image_item(contract.page_id(doc_id, page), crop.jpeg, form, doc_id=doc_id,
+                               page=page, mime="image/jpeg", box=[float(v) for v in box],
+                               width=crop.width, height=crop.height, source=crop.source)
+
+    def batch_crop(self, ids: list[str] | str, pages: list[int], boxes: list, band: regions.Band,
+                   form: str = contract.JSON) -> bytes:
+        """One image (or error item) per crop: ``boxes[i]`` of page ``pages[i]`` of ``ids[i]``,
+        in ``band`` (see ``regions`` for the resolution rule, ``cropping`` for the drawing)."""
+        n = len(pages)
+        if n > self.limits.max_crop_batch:
+            raise RequestError(f"batch of {n} crops is over the limit of "
+                               f"{self.limits.max_crop_batch}; split it")
+        if len(boxes) != n:
+            raise RequestError(f"'page' has {n} items but 'box' has {len(boxes)}; give one box "
+                               f"per page")
+        if isinstance(ids, str):
+            ids = [ids] * n
+        elif len(ids) != n:
+            raise RequestError(f"'page' has {n} items but 'id' has {len(ids)}; give one doc id "
+                               f"per crop (or a single string for all)")
+        if problem := regions.band_problem(band, self.limits.max_crop_pixels):
+            raise RequestError(problem)
+        with Cropper(self.backend, self.jpeg_quality) as cropper:
+            tree = [self._crop_plan(doc_id, page, box)
+                    or self._crop_node(cropper, doc_id, page, box, band, form)
+                    for doc_id, page, box in zip(ids, pages, boxes, strict=True)]
+        return self.budget.check_rendered(
+            wire.render(tree, form), form,
+            lambda size: answer_size.crop_advice(n, size, self.budget.max_bytes))

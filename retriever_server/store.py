@@ -99,15 +99,33 @@ class PageStore:
         start, stop = self.doc_rows(doc_id)
         return [entry.bytes for entry in self.manifest.pages[start:stop]]
 
+    def _read(self, name: str) -> bytes:
+        try:
+            fd = os.open(name, os.O_RDONLY, dir_fd=self._dir_fd)
+            with open(fd, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return b""
+
+    def _replaced(self) -> IndexReplacedError:
+        return IndexReplacedError(f"the index at {self.root.name} was rebuilt since the server "
+                                  f"started and its old files are gone; restart the retriever")
+
     def page_image(self, doc_id: str, page: int) -> PageImage:
         entry = self.entry(doc_id, page)
-        try:
-            fd = os.open(entry.image, os.O_RDONLY, dir_fd=self._dir_fd)
-            with open(fd, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            data = b""
+        data = self._read(entry.image)
         if len(data) != entry.bytes:  # the directory was deleted or altered under us
-            raise IndexReplacedError(f"the index at {self.root.name} was rebuilt since the server "
-                                     f"started and its old files are gone; restart the retriever")
+            raise self._replaced()
         return PageImage(data, entry.width, entry.height)
+
+    def source_pdf(self, doc_id: str) -> bytes | None:
+        """The bytes of the copy of ``doc_id``'s PDF kept in the index; None when the index
+        keeps none (a page-image document, or an index built before crops). KeyError when
+        unknown."""
+        name = self._docs[doc_id].pdf
+        if name is None:
+            return None
+        data = self._read(name)
+        if not data:
+            raise self._replaced()
+        return data

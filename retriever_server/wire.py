@@ -1,7 +1,8 @@
 """The wire format's bytes, JSON or MessagePack, rendered from one answer tree.
 
 The service builds an answer as a tree of lists whose leaves are `HitItem` (a search hit),
-`ImageFetch` (an image fetch) or a plain dict (a text page, an error item); `render` writes it
+`ImageFetch` (an image fetch) or a plain dict (a text page, an error item, a crop made by
+`image_item` in the answer's form); `render` writes it
 in the negotiated format (``contract.JSON`` or ``contract.MSGPACK``) with the same values.
 
 An answer is mostly page images that never change, so each page is a `PageFragment`: its fields,
@@ -106,6 +107,13 @@ def _finite(score: float) -> float:
 
 
 def text_item(item_id: str, contents: str, **extra: Any) -> dict:
+    return {"id": item_id, "contents": contents, **extra}
+
+
+def image_item(item_id: str, jpeg: bytes, form: str, **extra: Any) -> dict:
+    """An image item made for one answer (a crop: never cached), its contents in ``form``:
+    base64 text for JSON, the JPEG bytes for MessagePack."""
+    contents = base64.b64encode(jpeg).decode("ascii") if form == contract.JSON else jpeg
     return {"id": item_id, "contents": contents, **extra}
 
 

@@ -59,6 +59,11 @@ class Backend(ABC):
         """Optional extra fields of a page for answers (``role``, ``headings``); none by default."""
         return {}
 
+    def source_pdf(self, doc_id: str) -> bytes | None:
+        """Optional: the document's PDF, which crops render from (``cropping``); None (the
+        default): crops are cut from the page images."""
+        return None
+
     def image_sizes(self, doc_id: str) -> Sequence[int] | None:
         """Optional: the bytes of each page's image (page 1 first), which bound an answer's size
         before searching (``answer_size``); None (the default): answers are measured instead."""
@@ -83,6 +88,9 @@ class StoreBackend(Backend, ABC):
 
     def page_image(self, doc_id: str, page: int) -> PageImage:
         return self.store.page_image(doc_id, page)
+
+    def source_pdf(self, doc_id: str) -> bytes | None:
+        return self.store.source_pdf(doc_id)
 
     def page_text(self, doc_id: str, page: int) -> str:
         return self.store.page_text(doc_id, page)

@@ -63,6 +63,9 @@ class HybridBackend(Backend):
     def image_sizes(self, doc_id: str) -> Sequence[int] | None:
         return self.lexical.image_sizes(doc_id)
 
+    def source_pdf(self, doc_id: str) -> bytes | None:
+        return self.lexical.source_pdf(doc_id)
+
     def page_text(self, doc_id: str, page: int) -> str:
         return self.lexical.page_text(doc_id, page)
 

@@ -58,7 +58,19 @@ def wire_answer(path: str, body: dict):
             else:
                 out.append({"id": spec, "contents": page_b64(doc, page)})
         return out
+    if path == "/batch_crop":
+        out = []
+        for doc, page, box in zip(body["id"], body["page"], body["box"]):
+            if doc not in DOCS or page > DOCS[doc]:
+                out.append({"id": "error", "contents": f"page {page} out of range for {doc}", "code": "page_out_of_range"})
+            else:
+                out.append({"id": f"{doc}_{page}", "contents": crop_b64(doc, page, box)})
+        return out
     return None
+
+
+def crop_b64(doc: str, page: int, box) -> str:
+    return base64.b64encode(f"crop:{doc}:{page}:{box}".encode()).decode()
 
 
 class FakeRetriever:
@@ -393,6 +405,70 @@ def test_stats_snapshot_and_reset(fake):
         assert all(isinstance(v, float) for v in snap.values())
         client.stats.reset()
         assert client.stats.snapshot()["calls"] == 0 and client.stats.snapshot()["failures"] == 0
+
+
+# --------------------------------------------------------------------------- crops
+
+CROP_BAND = (784, 784 * 64)
+
+
+def test_crop_happy_path_and_the_body_sent(fake):
+    boxes = [[0.1, 0.2, 0.5, 0.6], [0, 0, 1, 1], [0.5, 0.5, 0.4, 0.9], [0, 0, 1, 1]]
+    with client_for(fake) as client:
+        res = client.batch_crop(["annual_report", "manual_v2", "manual_v2", "manual_v2"], [2, 1, 1, 9], boxes, *CROP_BAND)
+    assert res[0] == RetrievedPage("annual_report_2", "annual_report", 2, "image", crop_b64("annual_report", 2, boxes[0]))
+    assert res[1] == RetrievedPage("manual_v2_1", "manual_v2", 1, "image", crop_b64("manual_v2", 1, [0.0, 0.0, 1.0, 1.0]))
+    assert res[2].kind == "request" and "inverted" in res[2].message  # answered without a round trip
+    assert res[3] == RetrieverFailure("request", "page 9 out of range for manual_v2")
+    (path, _, body), = fake.requests
+    assert path == "/batch_crop"
+    assert body == {"id": ["annual_report", "manual_v2", "manual_v2"], "page": [2, 1, 9],
+                    "box": [[0.1, 0.2, 0.5, 0.6], [0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]],
+                    "min_pixels": 784, "max_pixels": 784 * 64, "factor": 28}
+
+
+def test_crop_timeouts_are_retried_then_fail_every_item(fake):
+    fake.script = [("hang",)] * 3
+    with client_for(fake, timeout=0.3, retries=2, backoff=0.01) as client:
+        res = client.batch_crop(["manual_v2"] * 2, [1, 2], [[0, 0, 1, 1]] * 2, *CROP_BAND)
+    assert res == [RetrieverFailure("timeout", "retriever timed out after 3 tries")] * 2
+    assert fake.paths()["/batch_crop"] == 3
+
+
+def test_crop_5xx_is_retried_then_answered(fake):
+    fake.script = [("status", 500), ("status", 502)]
+    with client_for(fake, retries=2) as client:
+        res = client.batch_crop(["manual_v2"], [3], [[0, 0, 0.5, 0.5]], *CROP_BAND)
+        assert res == [RetrievedPage("manual_v2_3", "manual_v2", 3, "image", crop_b64("manual_v2", 3, [0.0, 0.0, 0.5, 0.5]))]
+        assert client.stats.retries == 2
+    assert fake.paths()["/batch_crop"] == 3
+
+
+def test_crop_5xx_forever_and_refusals_past_the_budget_fail_every_item(fake):
+    fake.script = [("status", 503)] * 3
+    with client_for(fake, retries=2) as client:
+        res = client.batch_crop(["manual_v2"] * 2, [1, 2], [[0, 0, 1, 1]] * 2, *CROP_BAND)
+    assert [r.kind for r in res] == ["http", "http"]
+    fake.script = [("refuse", 2)] * 10
+    with client_for(fake, overload_budget_s=0.5) as client:
+        res = client.batch_crop(["manual_v2"], [1], [[0, 0, 1, 1]], *CROP_BAND)
+    assert [r.kind for r in res] == ["overloaded"]
+
+
+def test_crop_garbage_and_misplaced_answers_are_malformed(fake):
+    fake.script = [("raw", b"<html>oops</html>"),
+                   ("json", [{"id": "manual_v2_2", "contents": "a"}, {"id": "manual_v2_1", "contents": "b"}, {"id": 3}])]
+    with client_for(fake) as client:
+        res = client.batch_crop(["manual_v2"] * 2, [1, 2], [[0, 0, 1, 1]] * 2, *CROP_BAND)
+        assert all(r.kind == "malformed" and "not JSON" in r.message for r in res)
+        res = client.batch_crop(["manual_v2"] * 3, [1, 2, 3], [[0, 0, 1, 1]] * 3, *CROP_BAND)
+        assert [r.kind for r in res] == ["malformed"] * 3  # swapped answers are caught
+
+
+def test_crop_connection_refused_becomes_failure():
+    with RetrieverClient("http://127.0.0.1:9", timeout=0.5, retries=0) as client:
+        res = client.batch_crop(["d"], [1], [[0, 0, 1, 1]], *CROP_BAND)
+    assert [r.kind for r in res] == ["connection"]
 
 
 # --------------------------------------------------------------------------- pure parsing

@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 RELATIVE_1000 = "relative-1000"
 ABSOLUTE = "absolute"
 FRAMES = (RELATIVE_1000, ABSOLUTE)
-MIN_FRACTION = 0.01  # a side narrower than 1% of the page is not a region worth zooming into
+MIN_FRACTION = 0.02  # a side narrower than 2% of the page: refused (the retriever's `batch_crop` rule too)
 
 _NUMBER = r"\s*(-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf)\s*"
 _BOX = re.compile(r"^\s*\[" + ",".join([_NUMBER] * 4) + r"\]\s*$", re.IGNORECASE)

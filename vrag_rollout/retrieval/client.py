@@ -1,5 +1,5 @@
 """`RetrieverClient`: the batched client for the page retriever (wire format: ALDEN's
-`/batch_search`, `/batch_fetch`).
+`/batch_search`, `/batch_fetch`, and this project's `/batch_crop`).
 
 Three layers, so the fault handling is written once:
 
@@ -36,10 +36,15 @@ every item of it becomes a `RetrieverFailure("overloaded", ...)`. Refusals are c
 `stats.overloaded`, apart from failures. Answers are decoded after the window's slot is given
 back: the window counts requests the server holds, not the client's own work.
 
+Crops (`batch_crop`) go through the same machinery, chunked at most `contract.MAX_CROP_BATCH`
+a request; a box that is not a region of a page (`contract.box_problem`) is answered here as a
+"request" failure with the server's own reason, without a round trip.
+
 Network and server faults, and whatever garbage a server sends, never escape `batch_search` /
-`batch_fetch` as an exception or a `None`: every item of an affected chunk becomes a
+`batch_fetch` / `batch_crop` as an exception or a `None`: every item of an affected chunk becomes a
 `RetrieverFailure` whose message can be shown to the model as an observation. Programming
-errors (mismatched list lengths, `top_n < 1`, a bad `FetchSpec`) raise `ValueError`.
+errors (mismatched list lengths, `top_n < 1`, a bad `FetchSpec`, a crop page < 1 or a bad pixel
+band) raise `ValueError`.
 
 Threads and deadlines: `batch_*`, `health` and `close` may be called from any number of threads
 at once. Each try is bounded by `timeout` (connect + read); one logical call to one replica by
@@ -76,7 +81,10 @@ from .transport import (Transport, TransportConnectionError, TransportError, Tra
                         TransportMalformed, TransportOverloaded, TransportTimeout, call_bound_s,
                         decode_answer)
 from .types import FAILURE_KINDS, MODALITIES, FetchSpec, RetrievedPage, RetrieverFailure
-from .wire import MalformedResponse, fetch_body, parse_fetch_results, parse_search_results, search_body
+from retriever_server import contract
+
+from .wire import (MalformedResponse, crop_body, fetch_body, parse_crop_results, parse_fetch_results,
+                   parse_search_results, search_body)
 
 __all__ = [  # RetrieverClient, and re-exported where callers have always imported them from
     "RetrieverClient", "RetrievedPage", "RetrieverFailure", "FetchSpec", "MODALITIES", "FAILURE_KINDS",
@@ -206,6 +214,48 @@ class RetrieverClient:
 
         return self._run(len(specs), chunk)
 
+    def batch_crop(
+        self,
+        doc_ids: list[str],
+        pages: list[int],
+        boxes: list[Sequence[float]],
+        min_pixels: int,
+        max_pixels: int,
+        *,
+        factor: int = contract.CROP_FACTOR,
+    ) -> list[RetrievedPage | RetrieverFailure]:
+        """Per crop, an image `RetrievedPage` of region `boxes[i]` ([x1, y1, x2, y2], fractions
+        0..1 of the page, top left first) of 1-based page `pages[i]` of `doc_ids[i]`, with
+        between `min_pixels` and `max_pixels` pixels and sides multiples of `factor`; or a
+        `RetrieverFailure` ("request" for a bad box, an unknown document or a page out of
+        range: the asker's mistakes)."""
+        doc_ids, pages, boxes = list(doc_ids), list(pages), list(boxes)
+        _check_inputs(pages, doc_ids, "pages")
+        if len(boxes) != len(pages):
+            raise ValueError(f"boxes and pages differ in length: {len(boxes)} != {len(pages)}")
+        if not all(isinstance(p, int) and not isinstance(p, bool) and p >= 1 for p in pages):
+            raise ValueError("pages must be ints >= 1 (1-based)")
+        if problem := contract.crop_band_problem(min_pixels, max_pixels, factor):
+            raise ValueError(problem)
+        out: list = [None] * len(pages)
+        sent = []
+        for i, box in enumerate(boxes):
+            if problem := contract.box_problem(box):
+                out[i] = RetrieverFailure("request", problem)  # the server's own reason
+            else:
+                sent.append(i)
+        ids = [doc_ids[i] for i in sent]
+        numbers = [pages[i] for i in sent]
+        regions = [[float(v) for v in boxes[i]] for i in sent]
+
+        def chunk(lo: int, hi: int):
+            body = crop_body(ids[lo:hi], numbers[lo:hi], regions[lo:hi], min_pixels, max_pixels, factor)
+            return "/batch_crop", body, lambda data: parse_crop_results(data, ids[lo:hi], numbers[lo:hi])
+
+        for i, result in zip(sent, self._run(len(sent), chunk, min(self.max_batch, contract.MAX_CROP_BATCH))):
+            out[i] = result
+        return out
+
     def health(self) -> bool:
         """True when at least one replica answers /health (one try each)."""
         return self._loop.run(self._health(), len(self.transports) * (self.timeout + SLACK_S) + SLACK_S)
@@ -261,8 +311,9 @@ class RetrieverClient:
                 return None  # it answered, but no listing it can read: as good as no route
         raise last if isinstance(last, TransportError) else TransportTimeout("retriever unreachable")
 
-    def _run(self, n: int, chunk: Callable[[int, int], tuple]) -> list:
-        bounds = [(lo, min(lo + self.max_batch, n)) for lo in range(0, n, self.max_batch)]
+    def _run(self, n: int, chunk: Callable[[int, int], tuple], max_batch: Optional[int] = None) -> list:
+        size = max_batch or self.max_batch
+        bounds = [(lo, min(lo + size, n)) for lo in range(0, n, size)]
         calls = [(hi - lo, *chunk(lo, hi)) for lo, hi in bounds]
         return self._loop.run(self._run_async(calls), self.deadline_s)
 

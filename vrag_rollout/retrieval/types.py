@@ -2,7 +2,7 @@
 
 - `FetchSpec`: one page to fetch, as the model names it (``"image, 3"``, ``"text, 3"``: the
   contract's grammar, ALDEN's "3-th" included); a bad one raises ValueError.
-- `RetrievedPage`: one page found (search) or fetched. Images are NOT decoded: an image's
+- `RetrievedPage`: one page found (search) or fetched, or a region of one (crop). Images are NOT decoded: an image's
   `contents` is the JPEG bytes (a MessagePack answer) or base64 text (a JSON answer, fixtures);
   text pages are always `str`.
 - `RetrieverFailure`: an item that could not be answered; its `kind` is one of `FAILURE_KINDS`
@@ -26,7 +26,7 @@ FAILURE_KINDS = ("timeout", "connection", "http", "malformed", "server", "overlo
 
 @dataclass(frozen=True)
 class RetrievedPage:
-    page_id: str  # search: the wire "id" (e.g. "annual_report_3"); fetch: f"{doc_id}_{page}"
+    page_id: str  # search: the wire "id" (e.g. "annual_report_3"); fetch, crop: f"{doc_id}_{page}"
     doc_id: str  # the doc the request asked for
     page: int | None  # 1-based; from a "page" field, else the id's "_<n>" suffix, else None
     modality: str  # "image" | "text"

@@ -1,13 +1,15 @@
-"""The wire format (ALDEN's ``/batch_search``, ``/batch_fetch``): request bodies and answer parsers.
+"""The wire format (ALDEN's ``/batch_search``, ``/batch_fetch``, and this project's
+``/batch_crop``): request bodies and answer parsers.
 
-Pure functions, no I/O: `search_body` / `fetch_body` build a request's body; `parse_search_results`
-/ `parse_fetch_results` turn its parsed answer into, per item, a `RetrievedPage` (search: a list
-of them) or a `RetrieverFailure`. Whatever a server sends, a parser returns one outcome per
+Pure functions, no I/O: `search_body` / `fetch_body` / `crop_body` build a request's body;
+`parse_search_results` / `parse_fetch_results` / `parse_crop_results` turn its parsed answer
+into, per item, a `RetrievedPage` (search: a list of them) or a `RetrieverFailure`. Whatever a server sends, a parser returns one outcome per
 requested item or raises `MalformedResponse` (the answer's overall shape is wrong, so no item of
 the chunk can be trusted): a bad item fails that item only ("malformed"); an error item
 (``{"id": "error", "contents": reason}``) fails it as the asker's mistake ("request", when its
 ``code`` is one of the contract's request codes) or a server fault ("server"); a fetch answered
-with another page's echo fails as "malformed" (results likely out of order). `is_wire_item` is
+with another page's echo fails as "malformed" (results likely out of order), as does a crop
+answered with another page's id. `is_wire_item` is
 the item check, shared with the recorded fixtures. Images are NOT decoded here: an image's
 `contents` is the JPEG bytes (a MessagePack answer) or base64 text (a JSON answer, fixtures);
 text pages are always `str`.
@@ -34,6 +36,12 @@ def search_body(queries: Sequence[str], doc_ids: Sequence[str], top_n: int) -> d
 
 def fetch_body(specs: Sequence[FetchSpec], doc_ids: Sequence[str]) -> dict:
     return {"query": [s.wire() for s in specs], "id": list(doc_ids)}
+
+
+def crop_body(doc_ids: Sequence[str], pages: Sequence[int], boxes: Sequence[Sequence[float]],
+              min_pixels: int, max_pixels: int, factor: int) -> dict:
+    return {"id": list(doc_ids), "page": list(pages), "box": [list(b) for b in boxes],
+            "min_pixels": min_pixels, "max_pixels": max_pixels, "factor": factor}
 
 
 def _expect_list(data: Any, n: int) -> list:
@@ -127,3 +135,19 @@ def _echo_mismatch(echo: str, spec: FetchSpec) -> bool:
         return FetchSpec.parse(echo) != spec
     except ValueError:
         return False  # an id we can't read is tolerated: the wire only promises "error" or the echo
+
+
+def parse_crop_results(data: Any, doc_ids: Sequence[str], pages: Sequence[int]) -> list[RetrievedPage | RetrieverFailure]:
+    """One entry per crop: an image `RetrievedPage` of the page it was cut from, or a failure."""
+    out: list[RetrievedPage | RetrieverFailure] = []
+    for doc_id, page, item in zip(doc_ids, pages, _expect_list(data, len(doc_ids))):
+        wanted = contract.page_id(doc_id, page)
+        if not is_wire_item(item):
+            out.append(_malformed_item("crop result"))
+        elif item["id"] == ERROR_ID:
+            out.append(_item_failure(item))
+        elif item["id"] != wanted:
+            out.append(RetrieverFailure("malformed", f"retriever answered {item['id']!r} to a crop of {wanted!r}"))
+        else:
+            out.append(RetrievedPage(wanted, doc_id, page, "image", item["contents"]))
+    return out
