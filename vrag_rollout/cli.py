@@ -113,16 +113,30 @@ def build_parser() -> argparse.ArgumentParser:
                            "convert-dataset parquet or a JSON object {question: answer or {answer, doc_id, gold_pages}}")
 
     convert = subcommand(
-        "convert-dataset", help="VRAG-style document-QA JSON -> the EasyR1 trainer's parquet (vrag_rollout.data.dataset)"
+        "convert-dataset", help="document-QA questions (VRAG-style JSON, or a public set's own file) -> the EasyR1 "
+                                "trainer's parquet (vrag_rollout.data.dataset, vrag_rollout.data.sources)"
     )
-    convert.add_argument("source", type=Path, help='JSON array, {"data": [...]} or JSON Lines of questions')
+    convert.add_argument("source", type=Path,
+                         help='the questions: with --from vidoseek a JSON array, {"data": [...]}, {"examples": [...]} '
+                              "or JSON Lines of VRAG-style questions; otherwise the set's own released file")
+    convert.add_argument("--from", dest="source_format",
+                         choices=["vidoseek", "slidevqa", "mmlongbench-doc", "mmdocir", "longdocurl"],
+                         default="vidoseek",
+                         help="the source's layout: vidoseek (VRAG-style: uid, query, reference_answer, meta_info), "
+                              "slidevqa (annotations/qa/*.jsonl), mmlongbench-doc (data/samples.json), mmdocir "
+                              "(MMDocIR_annotations.jsonl), longdocurl (LongDocURL*.jsonl); each set's fields and "
+                              "page numbering are read as it releases them (vrag_rollout/data/sources.py)")
+    convert.add_argument("--documents", type=Path, default=None,
+                         help="also write here (JSON) the documents the index must hold: doc_id, file or folder "
+                              "name, and whether it is a PDF or a folder of page images")
     convert.add_argument("--out", type=Path, required=True, help="the parquet file to write")
     convert.add_argument("--index", type=Path, default=None,
                          help="a retriever index directory: report questions whose document it lacks and "
                               "check gold pages against its page counts")
     convert.add_argument("--report", type=Path, default=None, help="also write the report as JSON here")
     convert.add_argument("--page-base", type=int, choices=[0, 1], default=1,
-                         help="first page number in the source's reference_page (written 1-based)")
+                         help="first page number in the source's reference_page (written 1-based); --from "
+                              "vidoseek only: the other sets' page numbering is known")
     convert.add_argument("--drop-missing", action="store_true",
                          help="leave out (and report) questions whose document is not in --index or whose gold "
                               "pages pass its end (without it, such a page stops the conversion)")
@@ -222,7 +236,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                        page_base=args.page_base, drop_missing=args.drop_missing,
                                        action_format=args.action_format, val_out=args.val_out,
                                        val_fraction=args.val_fraction if args.val_out is not None else 0.0,
-                                       split_of=args.split_by, layout=args.layout)
+                                       split_of=args.split_by, layout=args.layout,
+                                       source_format=args.source_format, documents_path=args.documents)
     return 2
 
 

@@ -1,8 +1,9 @@
 """VRAG-style document-QA JSON -> the EasyR1 trainer's parquet (`vrag-rollout convert-dataset`).
 
 Input (UTF-8, a byte-order mark allowed): a JSON array of questions, the common wrapper
-`{"data": [questions]}` (an object with a "data" list and none of a question's keys, so it cannot
-be a question itself; its other keys are ignored), or JSON Lines (one question object per line), each
+`{"data": [questions]}` or ViDoSeek's `{"examples": [questions]}` (an object with such a list and
+none of a question's keys, so it cannot be a question itself; its other keys are ignored), or JSON
+Lines (one question object per line), each
 
     {"uid": "q1", "query": "...", "reference_answer": "...",
      "meta_info": {"file_name": "report.pdf", "reference_page": [3, 5], ...}}
@@ -47,6 +48,14 @@ With a retriever index (`index_dir`; a path that is not one raises `IndexDirErro
   `DatasetError` (line, page, the document's page count), or with `drop_missing` is left out and
   listed (`pages_out_of_range`, `dropped`). Without an index page counts are not checked.
 Nothing is dropped silently.
+
+`source_format` (`convert-dataset --from`) names the input's layout: "vidoseek" (the default) is
+the layout above; the public sets' own layouts ("slidevqa", "mmlongbench-doc", "mmdocir",
+"longdocurl") are read by `vrag_rollout.data.sources` (their fields, page bases and documents
+are described there) into the same question records, their pages counted from 1. Their errors
+name the set's own fields, and their rows' `answer` JSON also holds `"answerable"`: false for a
+question the set marks unanswerable (kept, with the set's answer, e.g. "Not answerable", and no
+gold pages), true otherwise.
 """
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ from typing import Annotated, Any, Iterator, Optional
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, ValidationError
 from pydantic_core import PydanticCustomError
 
+from .json_numbers import SourceNumber, loads
 from .prompts import AGENT_INSTRUCTIONS, TOOL_CALL_INSTRUCTIONS
 
 INSTRUCTIONS = {"tags": AGENT_INSTRUCTIONS, "tool_call": TOOL_CALL_INSTRUCTIONS}
@@ -69,6 +79,7 @@ COLUMNS = ("prompt", "answer", "doc_id", "gold_pages", "question_id")
 PAGE_COUNT = "page_count"  # AgentRolloutConfig.page_count_key's default
 SPLIT_KEYS = {"question": "question_id", "document": "doc_id"}
 LAYOUTS = ("easyr1", "verl")
+SOURCE_FORMATS = ("vidoseek", "slidevqa", "mmlongbench-doc", "mmdocir", "longdocurl")  # = sources.SOURCE_FORMATS
 VERL_AGENT_NAME = "vrag_agent"  # integrations/verl's registered loop
 
 
@@ -87,15 +98,6 @@ class IndexDirError(ValueError):
     def __init__(self, index_dir: Path, message: str):
         super().__init__(f"{index_dir}: {message}")
         self.index_dir, self.message = Path(index_dir), message
-
-
-class _SourceFloat(float):
-    """A JSON number with a fraction or exponent, remembering its source text (json's parse_float)."""
-
-    def __new__(cls, text: str) -> "_SourceFloat":
-        number = super().__new__(cls, text)
-        number.text = text
-        return number
 
 
 def _json_type(value: Any) -> str:
@@ -118,7 +120,7 @@ def _answer_text(value: Any) -> Any:
     if isinstance(value, bool):
         raise PydanticCustomError("answer_type", "got true or false, which has no one answer text "
                                                  "(\"yes\"? \"true\"?): write the answer as a string")
-    if isinstance(value, _SourceFloat) and math.isfinite(value):
+    if isinstance(value, SourceNumber) and math.isfinite(value):
         return value.text
     if isinstance(value, int):
         return str(value)
@@ -150,26 +152,33 @@ class ConversionReport:
     pages_out_of_range: list = field(default_factory=list)  # {question_id, doc_id, pages, num_pages, where}
     dropped: list = field(default_factory=list)              # question ids left out
     validation: int = 0  # of the written rows, those in the validation file
+    unanswerable: int = 0  # of the written rows, those a public set marks unanswerable (kept)
 
     def to_dict(self) -> dict:
-        return {"rows": self.rows, "written": self.written, "validation": self.validation, "index": self.index,
+        return {"rows": self.rows, "written": self.written, "validation": self.validation,
+                "unanswerable": self.unanswerable, "index": self.index,
                 "missing_documents": self.missing_documents,
                 "pages_out_of_range": self.pages_out_of_range, "dropped": self.dropped}
 
 
-EXPECTED_INPUT = ('expected a JSON array of questions, {"data": [...]} (an object holding that array), '
-                  "or JSON Lines (one question object per line)")
+EXPECTED_INPUT = ('expected a JSON array of questions, {"data": [...]} or {"examples": [...]} (an object holding '
+                  "that array), or JSON Lines (one question object per line)")
+WRAPPER_KEYS = ("data", "examples")  # {"examples": [...]} is ViDoSeek's vidoseek.json
 QUESTION_KEYS = ("uid", "query", "reference_answer", "meta_info")
 
 
-def _loads(text: str) -> Any:
-    return json.loads(text, parse_float=_SourceFloat)
+_loads = loads  # json_numbers.loads: numbers keep their source text
 
 
 def _is_wrapper(value: Any) -> bool:
-    """`{"data": [questions]}`: unambiguous, as it holds none of a question's keys."""
-    return (isinstance(value, dict) and isinstance(value.get("data"), list)
+    """`{"data": [questions]}` or `{"examples": [questions]}`: unambiguous, as it holds none of a
+    question's keys."""
+    return (isinstance(value, dict) and any(isinstance(value.get(key), list) for key in WRAPPER_KEYS)
             and not any(key in value for key in QUESTION_KEYS))
+
+
+def _wrapped(value: dict) -> list:
+    return next(value[key] for key in WRAPPER_KEYS if isinstance(value.get(key), list))
 
 
 def _one_object(value: dict) -> str:
@@ -193,7 +202,7 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
                 raise DatasetError(f"line {error.lineno}", "<json>", f"not valid JSON: {error.msg}") from None
             # "{" and not one JSON value: JSON Lines, read below line by line
     if isinstance(whole, list) or _is_wrapper(whole):
-        for number, item in enumerate(whole if isinstance(whole, list) else whole["data"], start=1):
+        for number, item in enumerate(whole if isinstance(whole, list) else _wrapped(whole), start=1):
             yield f"item {number}", item
         return
     # One object that is no question (no question key at all), or a question on several lines
@@ -229,6 +238,11 @@ def _question(where: str, record: Any, page_base: int) -> _Question:
     return question
 
 
+def _source_of(question: _Question) -> Optional[dict]:
+    """A `sources` reader's note on where the record came from (None for the VRAG layout)."""
+    return (question.model_extra or {}).get("_source")
+
+
 def _pages_past_end(where: str, question: _Question, doc_id: str, num_pages: int, page_base: int,
                     drop: bool) -> Optional[dict]:
     """The report entry of a question whose gold pages pass its document's end (None if none);
@@ -239,9 +253,14 @@ def _pages_past_end(where: str, question: _Question, doc_id: str, num_pages: int
         return None
     if not drop:
         position, page = past[0]
-        counted = f" (page {page - page_base + 1} counted from 1)" if page_base != 1 else ""
-        raise DatasetError(where, f"meta_info.reference_page.{position}",
-                           f"page {page}{counted} is past the end of document {doc_id!r}, which has {num_pages} "
+        # a set's record (pages counted from 1) names the set's own field and page number
+        source = _source_of(question)
+        field_path, shown_base = ((source["page_field"], source["page_base"]) if source is not None
+                                  else ("meta_info.reference_page", page_base))
+        shown = page - page_base + shown_base
+        counted = f" (page {page - page_base + 1} counted from 1)" if shown_base != 1 else ""
+        raise DatasetError(where, f"{field_path}.{position}",
+                           f"page {shown}{counted} is past the end of document {doc_id!r}, which has {num_pages} "
                            f"pages in the index; fix the page, or leave such questions out with --drop-missing")
     pages = sorted({page - page_base + 1 for page in question.meta_info.reference_page})
     return {"question_id": str(question.uid), "doc_id": doc_id, "pages": pages, "num_pages": num_pages,
@@ -255,25 +274,44 @@ def make_prompt(query: str, instructions: str = AGENT_INSTRUCTIONS) -> str:
     return f"{instructions}{QUESTION_MARK}{query}"
 
 
+def _set_records(source_format: str, path: Path) -> Iterator[tuple[str, Any]]:
+    """A public set's rows through its `sources` reader, its errors as `DatasetError`."""
+    from . import sources
+
+    try:
+        yield from sources.read_source(source_format, path)
+    except sources.SourceError as error:
+        raise DatasetError(error.where, error.field, error.message) from None
+
+
 def convert_rows(path: Path, *, page_base: int = 1, documents: Optional[dict] = None,
                  drop_missing: bool = False, report: Optional[ConversionReport] = None,
-                 action_format: str = "tags") -> dict:
-    """Column lists for the parquet; `documents` ({doc_id: num_pages}) enables the index report."""
+                 action_format: str = "tags", source_format: str = "vidoseek") -> dict:
+    """Column lists for the parquet; `documents` ({doc_id: num_pages}) enables the index report;
+    `source_format` names the input's layout (see the module docstring)."""
     if page_base not in (0, 1):
         raise ValueError(f"page_base must be 0 or 1, got {page_base}")
     if action_format not in INSTRUCTIONS:
         raise ValueError(f"action_format must be one of {sorted(INSTRUCTIONS)}, got {action_format!r}")
+    if source_format not in SOURCE_FORMATS:
+        raise ValueError(f"source_format must be one of {', '.join(SOURCE_FORMATS)}, got {source_format!r}")
+    from_set = source_format != "vidoseek"
+    if from_set and page_base != 1:
+        raise ValueError(f"page_base is for the vidoseek layout only: {source_format}'s pages are read in that "
+                         "set's own numbering")
     report = report if report is not None else ConversionReport()
     columns: dict = {name: [] for name in COLUMNS + ((PAGE_COUNT,) if documents is not None else ())}
     seen: dict = {}
-    for where, record in _records(path):
+    for where, record in (_set_records(source_format, path) if from_set else _records(path)):
         question = _question(where, record, page_base)
+        source = _source_of(question) if from_set else None
         qid = str(question.uid)
         if qid in seen:
-            raise DatasetError(where, "uid", f"duplicate uid {qid!r} (first at {seen[qid]})")
+            raise DatasetError(where, source["id_field"] if source else "uid",
+                               f"duplicate {'question id' if source else 'uid'} {qid!r} (first at {seen[qid]})")
         seen[qid] = where
         report.rows += 1
-        doc_id = Path(question.meta_info.file_name).stem
+        doc_id = source["doc_id"] if source else Path(question.meta_info.file_name).stem
         pages = sorted({page - page_base + 1 for page in question.meta_info.reference_page})
         if documents is not None:
             if doc_id not in documents:
@@ -288,6 +326,9 @@ def convert_rows(path: Path, *, page_base: int = 1, documents: Optional[dict] = 
                     report.dropped.append(qid)
                     continue
         truth = {"answer": question.reference_answer, "doc_id": doc_id, "gold_pages": pages}
+        if source is not None:
+            truth["answerable"] = bool(question.model_extra["answerable"])
+            report.unanswerable += not truth["answerable"]
         columns["prompt"].append(make_prompt(question.query, INSTRUCTIONS[action_format]))
         columns["answer"].append(json.dumps(truth, ensure_ascii=False))
         columns["doc_id"].append(doc_id)
@@ -327,9 +368,9 @@ def index_documents(index_dir: Path) -> dict:
 def convert_dataset(source: Path, out: Path, *, index_dir: Optional[Path] = None, page_base: int = 1,
                     drop_missing: bool = False, action_format: str = "tags", val_out: Optional[Path] = None,
                     val_fraction: float = 0.0, split_of: str = "question", layout: str = "easyr1",
-                    data_source: str = "vrag") -> ConversionReport:
-    """Write `out` (parquet), and `val_out` with `val_fraction` of the rows, from `source`;
-    returns the report (see the module docstring)."""
+                    data_source: str = "vrag", source_format: str = "vidoseek") -> ConversionReport:
+    """Write `out` (parquet), and `val_out` with `val_fraction` of the rows, from `source` (in the
+    `source_format` layout); returns the report (see the module docstring)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if drop_missing and index_dir is None:
@@ -343,7 +384,8 @@ def convert_dataset(source: Path, out: Path, *, index_dir: Optional[Path] = None
     report = ConversionReport(index=str(index_dir) if index_dir is not None else None)
     documents = index_documents(index_dir) if index_dir is not None else None
     columns = convert_rows(Path(source), page_base=page_base, documents=documents,
-                           drop_missing=drop_missing, report=report, action_format=action_format)
+                           drop_missing=drop_missing, report=report, action_format=action_format,
+                           source_format=source_format)
     write = _write_parquet if layout == "easyr1" else (lambda cols, path: _write_verl(cols, path, data_source))
     if val_out is None:
         write(columns, Path(out))
@@ -438,14 +480,24 @@ def read_questions(path: Path, limit: Optional[int] = None) -> tuple[list, list[
 def convert_dataset_command(source: Path, out: Path, *, index_dir: Optional[Path] = None,
                             report_path: Optional[Path] = None, page_base: int = 1,
                             drop_missing: bool = False, action_format: str = "tags", val_out: Optional[Path] = None,
-                            val_fraction: float = 0.0, split_of: str = "question", layout: str = "easyr1") -> int:
-    """The CLI: convert, print a summary (and the report as JSON with `report_path`); 2 on bad input."""
+                            val_fraction: float = 0.0, split_of: str = "question", layout: str = "easyr1",
+                            source_format: str = "vidoseek", documents_path: Optional[Path] = None) -> int:
+    """The CLI: convert, print a summary (and the report as JSON with `report_path`, the documents
+    the index must hold as JSON with `documents_path`); 2 on bad input."""
     import sys
 
     try:
         report = convert_dataset(source, out, index_dir=index_dir, page_base=page_base, drop_missing=drop_missing,
                                  action_format=action_format, val_out=val_out, val_fraction=val_fraction,
-                                 split_of=split_of, layout=layout)
+                                 split_of=split_of, layout=layout, source_format=source_format)
+        if documents_path is not None:
+            from .sources import SourceError, list_documents
+
+            try:
+                listed = [doc.to_dict() for doc in list_documents(source_format, source)]
+            except SourceError as error:
+                raise DatasetError(error.where, error.field, error.message) from None
+            Path(documents_path).write_text(json.dumps(listed, indent=1, ensure_ascii=False), encoding="utf-8")
     except IndexDirError as error:  # the index is at fault, not the source
         print(f"convert-dataset: --index {error}", file=sys.stderr)
         return 2
@@ -464,6 +516,10 @@ def convert_dataset_command(source: Path, out: Path, *, index_dir: Optional[Path
         print(f"wrote {report.written - report.validation} of {report.rows} questions to {out} and "
               f"{report.validation} to {val_out} (split by {split_of})"
               + (f" ({len(report.dropped)} dropped)" if report.dropped else ""))
+    if report.unanswerable:
+        print(f"{report.unanswerable} unanswerable questions kept (\"answerable\": false in their answer)")
+    if documents_path is not None:
+        print(f"listed {len(listed)} documents to index in {documents_path}")
     if report.index is not None:
         print(f"{len(report.missing_documents)} questions name a document not in {report.index}"
               + (" (dropped)" if drop_missing else " (kept)"))
