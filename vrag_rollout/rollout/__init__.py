@@ -4,9 +4,10 @@ Rule (tests/test_layers.py): may import every layer below it (`core/`, `engine/`
 `retrieval/`); nothing below imports `rollout/`.
 
 - `agent`: `BaseRollout`, `vLLMRollout`, `vLLMRolloutAgent` (re-exported here: `vrag_rollout.rollout` keeps working).
-- `schedules`: the turn-synchronized and continuous schedules, over one per-turn step (the `Driver` protocol).
+- `schedules`: the turn-synchronized and continuous schedules and the one-episode coroutine, over one per-turn step (the `Driver` protocol).
 - `formats`: one object per action format (tags, native tool calls), looked up once.
 - `tools`: executing a turn's tool calls and building their observations.
+- `tool_batcher`: concurrent agent loops' tool calls merged into shared retriever batches.
 """
 
 from .agent import BaseRollout, vLLMRollout, vLLMRolloutAgent

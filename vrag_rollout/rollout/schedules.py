@@ -107,11 +107,12 @@ class ScheduleClock:
 
 
 async def run_episode(driver: Driver, episode: Episode, generate: Callable[[dict, Any], Awaitable[TurnOutput]],
-                      clock: ScheduleClock) -> None:
+                      clock: ScheduleClock, tools: Optional[Callable[[list], Awaitable[list]]] = None) -> None:
     """One sample on its own coroutine (an agent loop: verl runs one per trajectory), through the
     same hooks as the batch schedules: `generate(request, params)` is awaited for each turn, and
-    the turn's tool call runs in a worker thread within the driver's deadline, so other
-    trajectories' coroutines go on meanwhile."""
+    the turn's tool call runs off the event loop within the driver's deadline, so other
+    trajectories' coroutines go on meanwhile: through `tools` (e.g. a `tool_batcher.ToolBatcher`
+    merging concurrent trajectories' calls), else in a worker thread of its own."""
     for turn in range(driver.max_turns):
         if not driver.ready(episode):
             break
@@ -124,7 +125,7 @@ async def run_episode(driver: Driver, episode: Episode, generate: Callable[[dict
             continue
         calls = [(episode, action)]
         started = time.perf_counter()
-        results = await asyncio.to_thread(driver.execute_tools, calls)
+        results = await (tools(calls) if tools is not None else asyncio.to_thread(driver.execute_tools, calls))
         clock.sample_tool_wait += time.perf_counter() - started
         driver.apply_tools(calls, results)
 

@@ -19,6 +19,10 @@ Configuration: the loop's entry in verl's `agent_loop_config_path` file, whose k
 trainer's `actor_rollout_ref.model.path`). Lengths, temperature, top_p, top_k and
 `calculate_log_probs` come from verl's rollout config, so the two never disagree.
 
+Tool calls: the calls of trajectories that arrive while a retriever batch is out leave together
+as the next batch (`rollout.tool_batcher`; `merge_tool_calls: false` in the loop's entry sends
+each trajectory's calls on their own, as verl's own tool loop does).
+
 Seeds: `request_seed(seed, 0, sample, turn)` with `sample` the row's `vrag_sample` column when
 it has one (tests compare with the EasyR1 rollout at the same seeds), else a number unique in
 the process, so no two trajectories, in a step or across steps, share noise.
@@ -40,6 +44,7 @@ from ...core.episode import Episode
 from ...core.tool_turns import TOOLS
 from ...data.prompts import expand_pads
 from ...rollout.agent import vLLMRolloutAgent
+from ...rollout import tool_batcher
 from ...rollout.schedules import ScheduleClock, run_episode
 from .turns import turn_output
 
@@ -100,8 +105,10 @@ def end_of_sequence_ids(tokenizer: Any, model_path: str) -> tuple[int, ...]:
 @register(AGENT_NAME)
 class VragAgentLoop(AgentLoopBase):
     def __init__(self, trainer_config: Any, server_manager: Any, tokenizer: Any, processor: Any, *args: Any,
-                 vrag: Optional[dict] = None, model_path: Optional[str] = None, **kwargs: Any):
+                 vrag: Optional[dict] = None, model_path: Optional[str] = None, merge_tool_calls: bool = True,
+                 **kwargs: Any):
         super().__init__(trainer_config, server_manager, tokenizer, processor, *args, **kwargs)
+        self.merge_tool_calls = merge_tool_calls
         self.model_path = model_path or str(self.config.actor_rollout_ref.model.path)
         settings = agent_config(self.rollout_config, dict(vrag or {}))
         self.agent = shared_agent(self.model_path, settings, tokenizer, processor)
@@ -136,7 +143,9 @@ class VragAgentLoop(AgentLoopBase):
                                eos_ids=self.eos_ids,
                                decode=lambda ids: agent.tokenizer.decode(ids, skip_special_tokens=True))
 
-        await run_episode(_ServerDriver(agent), episode, generate, clock)
+        driver = _ServerDriver(agent)
+        tools = tool_batcher.for_loop(agent, agent.execute_tools).execute if self.merge_tool_calls else None
+        await run_episode(driver, episode, generate, clock, tools)
         episode.finish("max_turns")  # no-op for an episode that ended
         return self._output(episode, prompt_ids, clock, steps)
 
