@@ -80,6 +80,10 @@ class AgentRolloutConfig:
     page_min_pixels: Optional[int] = None
     page_max_pixels: Optional[int] = None
     fetch_modes: tuple = ("image", "text")
+    # The region action (tags format): `<crop>page, [x1, y1, x2, y2]</crop>` (or VRAG-RL's
+    # `<bbox>[...]</bbox>`, the last page shown) zooms into a region of a page the episode saw,
+    # the box in the model family's grounding frame (core/regions.py); the retriever renders it.
+    region_action: bool = False
     # Longest page text a `<fetch>text, N</fetch>` injects, in tokens (longer text is cut).
     max_fetch_text_tokens: int = 512
     # The non-tensor batch column holding each sample's document id.

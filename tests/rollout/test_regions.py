@@ -114,3 +114,30 @@ def test_parse_region(body, expected):
 def test_parse_region_refuses_malformed_bodies(body, words):
     with pytest.raises(RegionError, match=words):
         parse_region(body)
+
+
+def test_parse_action_reads_the_region_action_only_when_it_is_on():
+    from vrag_rollout.core.actions import Crop, Invalid, Stop, parse_action
+
+    text = "<think>look closer</think><crop>3, [100, 200, 300, 400]</crop>"
+    assert parse_action(text, "stop", "</crop>", regions=True) == Crop(3, (100.0, 200.0, 300.0, 400.0))
+    assert parse_action("<bbox>[1, 2, 300, 400]</bbox>", "stop", "</bbox>", regions=True) == Crop(
+        None, (1.0, 2.0, 300.0, 400.0))
+    bad = parse_action("<crop>[1, 2, 300, 400]</crop>", "stop", "</crop>", regions=True)
+    assert isinstance(bad, Invalid) and bad.kind == "bad_region" and "<crop>page," in bad.message
+    assert parse_action(text, "stop", "</crop>", regions=False) == Stop("eos")  # off: not an action
+
+
+def test_resolve_reads_the_box_against_the_page_as_shown():
+    from types import SimpleNamespace
+
+    from vrag_rollout.core.regions import resolve
+
+    shown = {"doc_2": SimpleNamespace(image=Image.new("RGB", (400, 600)))}
+    request = resolve(2, (100, 150, 300, 450), ABSOLUTE, "doc", shown, "doc_2")
+    assert (request.page, request.page_id, request.region) == (2, "doc_2", Region(0.25, 0.25, 0.75, 0.75))
+    assert resolve(None, (0, 0, 500, 500), RELATIVE_1000, "doc", shown, "doc_2").page == 2  # <bbox>: the last page
+    with pytest.raises(RegionError, match="page 3 has not been shown"):
+        resolve(3, (0, 0, 500, 500), RELATIVE_1000, "doc", shown, "doc_2")
+    with pytest.raises(RegionError, match="no page has been shown"):
+        resolve(None, (0, 0, 500, 500), RELATIVE_1000, "doc", {}, None)

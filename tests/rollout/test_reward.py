@@ -88,6 +88,13 @@ def test_last_answer_is_read_from_the_whole_response_but_never_from_observations
      '<tool_response>r</tool_response>assistant\n<think>\nok</think><answer>x</answer>', 1.0),
     ("<answer>x</answer></think>", 0.0),                                 # a stray one later is not
     ('<answer>x</answer><tool_call>{"name": "search", "arguments": {"query": "q"}}</tool_call>', 0.0),
+    # the region action
+    ("<fetch>image, 2</fetch><result>p</result><crop>2, [10, 20, 300, 400]</crop><result>c</result><answer>x</answer>",
+     1.0),
+    ("<bbox>[10, 20, 300, 400]</bbox><result>c</result><answer>x</answer>", 1.0),
+    ("<crop>[10, 20, 300, 400]</crop><result>c</result><answer>x</answer>", 0.0),  # a crop names its page
+    ("<crop>2, [10, 20, 300]</crop><result>c</result><answer>x</answer>", 0.0),    # not a box
+    ("<answer>x</answer><crop>2, [10, 20, 300, 400]</crop>", 0.0),                 # acts after answering
 ])
 def test_format_score(response, expected):
     assert reward.format_score(response) == expected

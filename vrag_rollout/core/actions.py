@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 SEARCH_STOP = "</search>"
 FETCH_STOP = "</fetch>"
 TOOL_STOPS = (SEARCH_STOP, FETCH_STOP)
+CROP_STOP = "</crop>"
+BBOX_STOP = "</bbox>"  # VRAG-RL's spelling of the region action: the last page shown
+REGION_STOPS = (CROP_STOP, BBOX_STOP)
 
 # Longest query we pass on; longer ones are treated as malformed so the model learns brevity.
 MAX_QUERY_CHARS = 512
@@ -44,6 +47,14 @@ class Search:
 class Fetch:
     modality: str  # "image" | "text"
     page: int  # 1-based, as the model sees pages
+
+
+@dataclass(frozen=True)
+class Crop:
+    """Look closer: a region of a page, the box in the model family's grounding frame."""
+
+    page: Optional[int]  # 1-based; None: the last page the episode was shown (`<bbox>`)
+    box: tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -67,7 +78,7 @@ class Invalid:
     kind: str = "malformed"
 
 
-Action = Union[Search, Fetch, Answer, Stop, Invalid]
+Action = Union[Search, Fetch, Crop, Answer, Stop, Invalid]
 
 
 def parse_action(
@@ -75,6 +86,7 @@ def parse_action(
     finish_reason: str,
     stop_reason: object,
     fetch_modes: Sequence[str] = ("image", "text"),
+    regions: bool = False,
 ) -> Action:
     """The action that ends a turn.
 
@@ -83,6 +95,8 @@ def parse_action(
     """
     if finish_reason == "stop" and isinstance(stop_reason, str) and stop_reason in TOOL_STOPS:
         return _parse_tool_call(text, stop_reason, fetch_modes)
+    if regions and finish_reason == "stop" and isinstance(stop_reason, str) and stop_reason in REGION_STOPS:
+        return _parse_region_call(text, stop_reason)
     if finish_reason == "stop":
         answers = _ANSWER.findall(text)
         return Answer(answers[-1].strip()) if answers else Stop("eos")
@@ -111,6 +125,27 @@ def _parse_tool_call(text: str, stop: str, fetch_modes: Sequence[str]) -> Action
             return Invalid(f"the search query is longer than {MAX_QUERY_CHARS} characters.", "long_query")
         return Search(body)
     return _parse_fetch(body, fetch_modes)
+
+
+def _parse_region_call(text: str, stop: str) -> Action:
+    from .regions import RegionError, parse_region
+
+    tag = stop[2:-1]
+    end = text.rfind(stop)
+    end = len(text) if end < 0 else end
+    start = text.rfind(f"<{tag}>", 0, end)
+    answers = list(_ANSWER.finditer(text, 0, start if start >= 0 else end))
+    if answers:
+        return Answer(answers[-1].group(1).strip())
+    if start < 0:
+        return Invalid(f"<{tag}> is missing before </{tag}>; write <{tag}>...</{tag}>.", "missing_open_tag")
+    try:
+        page, box = parse_region(text[start + len(tag) + 2: end])
+    except RegionError as error:
+        return Invalid(f"{error}.", "bad_region")
+    if tag == "crop" and page is None:
+        return Invalid("write the region as <crop>page, [x1, y1, x2, y2]</crop>.", "bad_region")
+    return Crop(page, box)
 
 
 def _parse_fetch(body: str, fetch_modes: Sequence[str]) -> Action:

@@ -108,6 +108,7 @@ def collect_metrics(episodes: Sequence[Episode], client_stats: dict, elapsed: fl
         "rollout/turns_max": float(max((ep.turns for ep in episodes), default=0)),
         "rollout/searches": float(sum(ep.searches for ep in episodes)),
         "rollout/fetches": float(sum(ep.fetches for ep in episodes)),
+        "rollout/crops": float(sum(ep.crops for ep in episodes)),
         "rollout/invalid_actions": float(sum(ep.invalid_actions for ep in episodes)),
         "rollout/retriever_errors": float(sum(ep.retriever_errors for ep in episodes)),
         "rollout/bad_requests": float(sum(ep.bad_requests for ep in episodes)),

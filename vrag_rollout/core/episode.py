@@ -41,11 +41,15 @@ class Episode:
     engine_response_ids: list[int] = field(default_factory=list)  # engine view: one pad per image
     turn_ids: list[int] = field(default_factory=list)  # per response token, its turn (1-based)
     observation_turns: list[int] = field(default_factory=list)  # per observation, the turn that asked
+    # page id -> the page image as shown (whole pages, not crops): what a region action may name
+    shown_pages: dict = field(default_factory=dict)
+    last_page_id: Optional[str] = None  # the last whole page shown (VRAG-RL's `<bbox>` crops it)
     images: list[Any] = field(default_factory=list)  # retrieved vision.PageImage, sequence order
     page_ids: list[list[str]] = field(default_factory=list)  # one list per observation
     turns: int = 0
     searches: int = 0
     fetches: int = 0
+    crops: int = 0
     invalid_kinds: Counter = field(default_factory=Counter)  # kind -> count (actions.Invalid.kind)
     calls_cut: int = 0  # tool calls left open when the episode's sampling hit the length limit
     retriever_errors: int = 0
@@ -106,6 +110,9 @@ class Episode:
         self.turn_ids.extend([self.turns] * len(observation.trainer_ids))
         self.observation_turns.append(self.turns)
         self.images.extend(observation.images)
+        if not observation.is_crop and observation.images:
+            self.shown_pages.update(zip(observation.page_ids, observation.images))
+            self.last_page_id = observation.page_ids[len(observation.images) - 1]
         self.images_dropped += observation.dropped_images
         self.page_ids.append(list(observation.page_ids))
         return True

@@ -45,6 +45,7 @@ class Observation:
     page_ids: tuple[str, ...] = ()
     dropped_images: int = 0  # pages left out because they did not fit the budget or image limit
     is_error: bool = False
+    is_crop: bool = False  # a region of a page (the region action), not the page as shown
 
     @property
     def num_images(self) -> int:

@@ -17,6 +17,9 @@ Contract:
 - `parse_region(body)`: the tag body `page, [x1, y1, x2, y2]` (VRAG-RL's `<bbox>` form without
   a page, `[x1, y1, x2, y2]`, gives page None: the last page shown) -> (page, box), or
   `RegionError`.
+- `resolve(page, box, frame, doc_id, shown_pages, last_page_id)`: a region action against its
+  episode -> `RegionRequest` (page, region, page id), read against the page as it was shown;
+  `RegionError` for a page not shown as an image (or none at all, for `<bbox>`).
 Invariant: `to_fractions(from_fractions(r, f, s), f, s) == r` up to the frame's unit.
 """
 
@@ -101,3 +104,30 @@ def parse_region(body: str) -> tuple[Optional[int], tuple[float, ...]]:
     if box is None:
         raise RegionError("write the region as <crop>page, [x1, y1, x2, y2]</crop>")
     return page, tuple(float(v) for v in box.groups())
+
+
+@dataclass(frozen=True)
+class RegionRequest:
+    """A region action resolved against its episode: what the retriever is asked to render."""
+
+    page: int
+    region: Region
+    page_id: str  # `<doc>_<page>` of the page as shown
+
+
+def resolve(page: Optional[int], box: Sequence[float], frame: str, doc_id: Optional[str], shown_pages: dict,
+            last_page_id: Optional[str]) -> RegionRequest:
+    """The region of a page the episode was shown (`shown_pages`: page id -> `vision.PageImage`;
+    page None: `last_page_id`), the box read in `frame` against the page as shown; `RegionError`
+    (written for the policy) when the page was not shown or the box is unusable."""
+    if page is None:
+        if last_page_id is None:
+            raise RegionError("no page has been shown yet: fetch or search pages before looking closer")
+        page_id = last_page_id
+        page = int(page_id.rpartition("_")[2])
+    else:
+        page_id = f"{doc_id}_{page}"
+    shown = shown_pages.get(page_id)
+    if shown is None:
+        raise RegionError(f"page {page} has not been shown as an image yet: fetch it before looking closer")
+    return RegionRequest(page, to_fractions(box, frame, shown.image.size), page_id)

@@ -20,7 +20,8 @@ Contract (what `examples/reward_function/vrag.py` hands EasyR1's `AutoRewardMana
     articles `a an the`, single spaces);
   - `format`: 1 when the policy's text (observations removed) has exactly one
     `<answer>…</answer>`, after every action, with every `<search>` non-empty, every `<fetch>`
-    of the form `image|text, N` (N >= 1), every `<tool_call>` one the rollout can execute
+    of the form `image|text, N` (N >= 1), every region action readable (`<crop>N, [x1, y1, x2,
+    y2]</crop>`, `<bbox>[x1, y1, x2, y2]</bbox>`), every `<tool_call>` one the rollout can execute
     (`tool_turns.parse_tool_calls`), and no unclosed or stray tag (a leading `</think>` closes
     the `<think>` a thinking template's generation prompt opened); else 0;
   - `retrieval`: NDCG of the distinct pages the episode was shown, in the order first shown,
@@ -52,7 +53,7 @@ from .tool_turns import parse_tool_calls
 
 OBSERVATION_BLOCK = re.compile(r"<(result|tool_response)>.*?(</\1>|$)", re.DOTALL)
 ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-TAG = re.compile(r"</?(think|search|fetch|answer|result|tool_call|tool_response)>")
+TAG = re.compile(r"</?(think|search|fetch|crop|bbox|answer|result|tool_call|tool_response)>")
 FETCH_SPEC = re.compile(r"^\s*(image|text)\s*,\s*([0-9]+)\s*$")
 ARTICLES = re.compile(r"\b(a|an|the)\b")
 PUNCTUATION = set(string.punctuation)
@@ -167,7 +168,7 @@ def format_score(response: str) -> float:
     answers = [i for i, (tag, _) in enumerate(blocks) if tag == "answer"]
     if len(answers) != 1:
         return 0.0
-    if any(tag in ("search", "fetch", "tool_call") for tag, _ in blocks[answers[0] + 1:]):
+    if any(tag in ("search", "fetch", "crop", "bbox", "tool_call") for tag, _ in blocks[answers[0] + 1:]):
         return 0.0
     for tag, content in blocks:
         if tag == "search" and not content.strip():
@@ -178,7 +179,21 @@ def format_score(response: str) -> float:
                 return 0.0
         if tag == "tool_call" and not _executable(content):
             return 0.0
+        if tag in ("crop", "bbox") and not _readable_region(tag, content):
+            return 0.0
     return 1.0
+
+
+def _readable_region(tag: str, body: str) -> bool:
+    """A region action the rollout can read: `<crop>page, [box]</crop>` or `<bbox>[box]</bbox>`
+    (whether the box fits the page is the rollout's to say, against the page as shown)."""
+    from .regions import RegionError, parse_region
+
+    try:
+        page, _ = parse_region(body)
+    except RegionError:
+        return False
+    return page is not None or tag == "bbox"
 
 
 def _executable(call_body: str) -> bool:

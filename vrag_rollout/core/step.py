@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from .actions import Answer, Fetch, Invalid, Search, Stop, parse_action
+from .actions import Answer, Crop, Fetch, Invalid, Search, Stop, parse_action
 from .episode import Episode
 from .observation import Observation, ObservationBuilder, Overflow
 from .tool_turns import ToolCalls, final_answer, has_open_call, parse_tool_calls
@@ -32,11 +32,12 @@ def after_generation(
     last_turn: bool,
     fetch_modes: Sequence[str],
     observations: ObservationBuilder,
-) -> Optional[Search | Fetch]:
+    regions: bool = False,
+) -> Optional[Search | Fetch | Crop]:
     """Append `output` (an engine.TurnOutput) and settle its action; returns it when it needs
     the retriever, else None (the episode ended, or was corrected and may generate again)."""
     episode.append_sampled(output.token_ids, output.logprobs)
-    action = parse_action(output.text, output.finish_reason, output.stop_reason, fetch_modes)
+    action = parse_action(output.text, output.finish_reason, output.stop_reason, fetch_modes, regions)
     if isinstance(action, Answer):
         episode.answer = action.text
         episode.finish("answered")

@@ -19,7 +19,7 @@ from tensordict import TensorDict
 
 from ..config import AgentRolloutConfig
 from ..core import step
-from ..core.actions import Fetch, Search
+from ..core.actions import Crop, Fetch, Search
 from ..core.batch import BatchSpec, collect_metrics, episode_columns, response_position_ids, response_tensors
 from ..core.episode import Episode
 from ..core.observation import ObservationBuilder, VisionTokens
@@ -265,7 +265,7 @@ class vLLMRolloutAgent(vLLMRollout):
     def __init__(self, model_path: str, config: Any, tokenizer: Any, processor: Any, *,
                  inference_engine: Any = None, retriever: Any = None, **kwargs: Any):
         format_class = FORMATS[AgentRolloutConfig.from_any(config).action_format]
-        self.stop_strings = format_class.stop_strings
+        self.stop_strings = format_class.stop_strings_for(AgentRolloutConfig.from_any(config))
         super().__init__(model_path, config, tokenizer, processor, inference_engine=inference_engine, **kwargs)
         from ..core.vision import page_band
         from .tools import Observer
@@ -275,7 +275,7 @@ class vLLMRolloutAgent(vLLMRollout):
         self.band = page_band(processor, self.config.page_min_pixels, self.config.page_max_pixels)
         self.retriever = retriever or self._default_retriever()
         self.observer = Observer(self.observations, self.band)
-        self.format = format_class(self.config, self.tokenizer)
+        self.format = format_class(self.config, self.tokenizer, grounding_frame=self.family.grounding_frame)
         self.sampling.banned.extend(self.format.banned_token_ids)
         # {doc_id: page count (None: the retriever could not list)} the retriever was seen to serve
         self.documents_confirmed: dict = {}
@@ -382,7 +382,7 @@ class vLLMRolloutAgent(vLLMRollout):
         format groups them; pure I/O."""
         from .tools import call_retriever
 
-        flat = call_retriever(self.format.requests(calls), self.retriever, self.config.top_n)
+        flat = call_retriever(self.format.requests(calls), self.retriever, self.config.top_n, band=self.observer.band)
         return self.format.regroup(calls, flat)
 
     def observe_outcomes(self, calls: list, outcomes: list, room: list) -> list:
@@ -396,6 +396,8 @@ class vLLMRolloutAgent(vLLMRollout):
                 episode.searches += 1
             elif isinstance(action, Fetch):
                 episode.fetches += 1
+            elif isinstance(action, Crop):
+                episode.crops += 1
             episode.searches += result.searches
             episode.fetches += result.fetches
             episode.retriever_errors += int(result.retriever_error)

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..core import step
-from ..core.actions import TOOL_STOPS, Fetch, Search
+from ..core.actions import REGION_STOPS, TOOL_STOPS, Crop, Fetch, Search
+from ..core.regions import RELATIVE_1000, RegionError, resolve
 from ..core.episode import Episode
 from ..core.tool_turns import TOOLS, ToolTurnTemplate
 from .tools import Observer, ToolCall
@@ -29,21 +30,37 @@ from .tools import Observer, ToolCall
 
 class TagFormat:
     name = "tags"
-    stop_strings: tuple[str, ...] = TOOL_STOPS
     banned_token_ids: tuple[int, ...] = ()
 
-    def __init__(self, config: Any, tokenizer: Any):
+    @staticmethod
+    def stop_strings_for(config: Any) -> tuple[str, ...]:
+        return TOOL_STOPS + (REGION_STOPS if getattr(config, "region_action", False) else ())
+
+    def __init__(self, config: Any, tokenizer: Any, grounding_frame: str = RELATIVE_1000):
         self.fetch_modes = config.fetch_modes
+        self.regions = bool(getattr(config, "region_action", False))
+        self.frame = grounding_frame
 
     def check_prompts(self, prompt_ids: Sequence[Sequence[int]], tokenizer: Any) -> None:
         """Nothing to check: the tags are taught by the prompt's own instructions."""
 
     def after_generation(self, episode: Episode, output: Any, *, last_turn: bool, observations: Any) -> Any:
         return step.after_generation(episode, output, last_turn=last_turn, fetch_modes=self.fetch_modes,
-                                     observations=observations)
+                                     observations=observations, regions=self.regions)
 
     def requests(self, calls: list) -> list[ToolCall]:
-        return [ToolCall(i, action, episode.doc_id) for i, (episode, action) in enumerate(calls)]
+        return [ToolCall(i, self._request(episode, action), episode.doc_id) for i, (episode, action) in enumerate(calls)]
+
+    def _request(self, episode: Episode, action: Any) -> Any:
+        """A region action resolved against what its episode was shown (a `RegionRequest`, or the
+        `RegionError` to answer it with); other actions as they are."""
+        if not isinstance(action, Crop):
+            return action
+        try:
+            return resolve(action.page, action.box, self.frame, episode.doc_id, episode.shown_pages,
+                           episode.last_page_id)
+        except RegionError as error:
+            return error
 
     def regroup(self, calls: list, outcomes: list) -> list:
         return outcomes
@@ -55,9 +72,12 @@ class TagFormat:
 
 class ToolCallFormat:
     name = "tool_call"
-    stop_strings: tuple[str, ...] = ()  # a turn ends with its end-of-turn token
 
-    def __init__(self, config: Any, tokenizer: Any):
+    @staticmethod
+    def stop_strings_for(config: Any) -> tuple[str, ...]:
+        return ()  # a turn ends with its end-of-turn token
+
+    def __init__(self, config: Any, tokenizer: Any, grounding_frame: str = RELATIVE_1000):
         template = _read_template(config.chat_template) if config.chat_template else None
         self.template = ToolTurnTemplate(tokenizer, TOOLS, chat_template=template)
         self.turn_end = tokenizer.convert_tokens_to_ids("<|im_end|>")

@@ -7,11 +7,13 @@ becomes an error observation for that sample only.
 
 from __future__ import annotations
 
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
 
-from ..core.actions import Fetch, Invalid, Search
+from ..core.actions import Crop, Fetch, Invalid, Search
+from ..core.regions import RegionError, RegionRequest
 from ..core.observation import NO_PAGES, Observation, ObservationBuilder, Overflow
 from ..retrieval.types import FetchSpec, RetrievedPage, RetrieverFailure
 
@@ -45,38 +47,43 @@ class ObservationResult:
     text_pages: list = field(default_factory=list)  # page ids of text fetches in a tool turn
 
 
-def call_retriever(calls: Sequence[ToolCall], client: Any, top_n: int) -> list[Outcome]:
-    """Outcomes in the order of `calls`, from at most one search and one fetch request batch."""
+def call_retriever(calls: Sequence[ToolCall], client: Any, top_n: int, band: Optional[PixelBand] = None) -> list[Outcome]:
+    """Outcomes in the order of `calls`, from at most one search, one fetch and one crop request
+    batch (run side by side). A region action that could not be resolved (`RegionError`) is
+    answered here, as the policy's mistake; crops are rendered into `band`."""
     outcomes: list[Outcome] = [None] * len(calls)  # type: ignore[list-item]
-    searches = [i for i, c in enumerate(calls) if isinstance(c.action, Search) and c.doc_id is not None]
-    fetches = [i for i, c in enumerate(calls) if isinstance(c.action, Fetch) and c.doc_id is not None]
+    kinds = {kind: [i for i, c in enumerate(calls) if isinstance(c.action, kind) and c.doc_id is not None]
+             for kind in (Search, Fetch, RegionRequest)}
     for i, call in enumerate(calls):
         if call.doc_id is None:
             outcomes[i] = RetrieverFailure("server", "this question has no document to search.")
+        elif isinstance(call.action, RegionError):
+            outcomes[i] = RetrieverFailure(REQUEST_FAILURE, str(call.action))
 
-    def run_searches() -> list:
-        if not searches:
+    def run(kind: type) -> list:
+        chosen = kinds[kind]
+        if not chosen:
             return []
-        return client.batch_search(
-            [calls[i].action.query for i in searches], [calls[i].doc_id for i in searches], top_n
-        )
+        docs = [calls[i].doc_id for i in chosen]
+        if kind is Search:
+            return client.batch_search([calls[i].action.query for i in chosen], docs, top_n)
+        if kind is Fetch:
+            return client.batch_fetch([FetchSpec(calls[i].action.modality, calls[i].action.page) for i in chosen], docs)
+        regions = [calls[i].action.region for i in chosen]
+        return client.batch_crop(docs, [calls[i].action.page for i in chosen],
+                                 [(r.x1, r.y1, r.x2, r.y2) for r in regions], band.min_pixels, band.max_pixels,
+                                 factor=band.factor)
 
-    def run_fetches() -> list:
-        if not fetches:
-            return []
-        specs = [FetchSpec(calls[i].action.modality, calls[i].action.page) for i in fetches]
-        return client.batch_fetch(specs, [calls[i].doc_id for i in fetches])
-
-    if searches and fetches:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            search_future, fetch_future = pool.submit(run_searches), pool.submit(run_fetches)
-            search_results, fetch_results = search_future.result(), fetch_future.result()
+    busy = [kind for kind, chosen in kinds.items() if chosen]
+    if len(busy) > 1:
+        with ThreadPoolExecutor(max_workers=len(busy)) as pool:
+            futures = {kind: pool.submit(run, kind) for kind in busy}
+            results = {kind: future.result() for kind, future in futures.items()}
     else:
-        search_results, fetch_results = run_searches(), run_fetches()
-    for i, result in zip(searches, search_results):
-        outcomes[i] = result
-    for i, result in zip(fetches, fetch_results):
-        outcomes[i] = result
+        results = {kind: run(kind) for kind in busy}
+    for kind, found in results.items():
+        for i, result in zip(kinds[kind], found):
+            outcomes[i] = result
     return outcomes
 
 
@@ -100,6 +107,8 @@ class Observer:
     def _observe(self, action: Union[Search, Fetch], outcome: Outcome, budget: int, image_slots: int,
                  decoded: dict) -> ObservationResult:
         result = self._observation(action, outcome, budget, image_slots, decoded)
+        if isinstance(action, Crop) and result.observation is not None and result.observation.images:
+            result.observation = dataclasses.replace(result.observation, is_crop=True)
         if result.observation is None:
             result.overflow = self._overflow(action, outcome, image_slots, decoded)
         return result
@@ -224,8 +233,9 @@ class Observer:
             return None
 
 
-def _undecodable(action: Union[Search, Fetch]) -> str:
-    return f"the {'page image' if isinstance(action, Fetch) else 'result page images'} could not be decoded."
+def _undecodable(action: Union[Search, Fetch, Crop]) -> str:
+    what = {Fetch: "page image", Crop: "region image"}.get(type(action), "result page images")
+    return f"the {what} could not be decoded."
 
 
 def _image_pages(outcome: Optional[Outcome]) -> list[RetrievedPage]:

@@ -1,0 +1,125 @@
+"""The region action end to end, for every family (tags format, `region_action=True`): a real
+rollout fetches page 2 of a PDF that holds a dark mark at a known place, then asks for the box
+around the mark in the family's grounding frame (`<crop>2, [x1, y1, x2, y2]</crop>`, 0..1000 for
+Qwen2-VL and Qwen3-VL, pixels of the page as shown for Qwen2.5-VL), and the retriever renders the
+region from the PDF. Oracle: the mark's centre, measured with numpy in the image the episode
+was shown, sits at the centre of the crop; the same box read in the other frame (the wrong
+convention) does not show it there. The project's `check` passes on the batch with crops."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from PIL import Image
+from reportlab.pdfgen import canvas
+
+from tests.rollout.agent_helpers import make_agent
+from vrag_rollout.core.regions import ABSOLUTE, RELATIVE_1000, Region, from_fractions
+from vrag_rollout.core.vision import decode_page, decode_page_file
+from vrag_rollout.data.prompts import PromptSample, build_prompts
+from vrag_rollout.families import FAMILY_NAMES, family_by_name
+from vrag_rollout.retrieval.client import FetchSpec, RetrieverClient
+from vrag_rollout.verify.check import check_batch
+from vrag_rollout.verify.saved_batch import from_dataproto
+
+PAGE_W, PAGE_H = 612.0, 792.0
+MARK = Region(0.62, 0.30, 0.68, 0.35)  # the mark on page 2, as fractions of the page
+AROUND = Region(MARK.x1 - 0.06, MARK.y1 - 0.06, MARK.x2 + 0.06, MARK.y2 + 0.06)
+
+
+def marked_pdf(path):
+    c = canvas.Canvas(str(path), pagesize=(PAGE_W, PAGE_H), invariant=1)
+    for page in (1, 2):
+        c.drawString(72, 72, f"Inspection sheet, page {page}")
+        if page == 2:
+            x, y = MARK.x1 * PAGE_W, PAGE_H * (1 - MARK.y2)
+            c.rect(x, y, (MARK.x2 - MARK.x1) * PAGE_W, (MARK.y2 - MARK.y1) * PAGE_H, stroke=0, fill=1)
+        c.showPage()
+    c.save()
+    return path
+
+
+@pytest.fixture(scope="module")
+def retriever_url(tmp_path_factory):
+    from retriever_server.indexer import build_index
+    from retriever_server.testing import serve_in_thread
+
+    tmp = tmp_path_factory.mktemp("regions")
+    build_index([marked_pdf(tmp / "sheet.pdf")], tmp / "index", min_pixels=128 * 28 * 28, max_pixels=512 * 28 * 28,
+                progress=False)
+    with serve_in_thread(tmp / "index") as url:
+        yield url
+
+
+def mark_centre(image: Image.Image):
+    dark = np.asarray(image.convert("L")) < 100
+    ys, xs = np.nonzero(dark)
+    if not len(xs):
+        return None
+    return (xs.mean() + 0.5) / image.width, (ys.mean() + 0.5) / image.height
+
+
+def roll(model, url, box_text):
+    with RetrieverClient(url) as client:
+        agent = make_agent(model.model_dir, model.processor, model.llm, client, n=1, max_turns=3, region_action=True,
+                           first_turn_action_regex=re.escape("<fetch>image, 2</fetch>"),
+                           action_regex=re.escape(f"<crop>2, [{box_text}]</crop>"), response_length=1536,
+                           prompt_length=384)
+        sample = PromptSample(question="What is marked on the inspection sheet?", doc_id="sheet")
+        output = agent.generate_sequences(build_prompts([sample], tokenizer=model.processor.tokenizer,
+                                                        processor=model.processor, config=agent.config))
+    return agent, output
+
+
+def shown_size(model, url):
+    """The size page 2 is shown at in the episode: the retriever's page, decoded into the band."""
+    with RetrieverClient(url) as client:
+        agent = make_agent(model.model_dir, model.processor, model.llm, client, n=1)
+        (page,) = client.batch_fetch([FetchSpec("image", 2)], ["sheet"])
+    decode = decode_page_file if isinstance(page.contents, bytes) else decode_page
+    return decode(page.contents, agent.observer.band).image.size
+
+
+@pytest.fixture(scope="module", params=FAMILY_NAMES)
+def family_rollouts(request, family_models, retriever_url):
+    model = family_models(request.param)
+    frame = family_by_name(request.param).grounding_frame
+    size = shown_size(model, retriever_url)
+    right = from_fractions(AROUND, frame, size)
+    wrong_frame = RELATIVE_1000 if frame == ABSOLUTE else ABSOLUTE
+    wrong = from_fractions(AROUND, wrong_frame, size)  # the box written in the other convention
+    results = {}
+    for name, box in (("right", right), ("wrong", wrong)):
+        agent, output = roll(model, retriever_url, ", ".join(map(str, box)))
+        results[name] = (agent, output, box)
+    return model, frame, results
+
+
+def crops(output):
+    images = list(output.non_tensor_batch["multi_modal_data"][0].values())[0]
+    return images[1:]  # page 2 as fetched, then the crop(s)
+
+
+def test_the_familys_box_shows_the_mark_centred(family_rollouts):
+    model, frame, results = family_rollouts
+    agent, output, box = results["right"]
+    assert output.meta_info["metrics"]["rollout/crops"] >= 1, output.non_tensor_batch["termination_reason"]
+    (crop, *_) = crops(output)
+    centre = mark_centre(crop)
+    assert centre is not None and abs(centre[0] - 0.5) < 0.05 and abs(centre[1] - 0.5) < 0.05, (model.family, box,
+                                                                                               centre)
+    page = list(output.non_tensor_batch["multi_modal_data"][0].values())[0][0]
+    assert crop.width * crop.height > 0.5 * page.width * page.height  # zoomed: far more pixels for the region
+    report = check_batch(from_dataproto(output, processor=model.processor, model_path=model.model_dir,
+                                        config=agent.config), model.model_dir)
+    assert report.ok, report.human()
+
+
+def test_a_box_in_the_other_frame_misses_the_mark(family_rollouts):
+    model, frame, results = family_rollouts
+    _, output, box = results["wrong"]
+    shown = crops(output)
+    centre = mark_centre(shown[0]) if shown else None
+    assert centre is None or abs(centre[0] - 0.5) > 0.1 or abs(centre[1] - 0.5) > 0.1, (model.family, box, centre)
