@@ -54,6 +54,11 @@ def preflight_problem(client: Any, doc_ids: Iterable[Optional[str]], known: dict
     return problem
 
 
+def page_count_value(value: Any) -> Optional[int]:
+    """A dataset cell's page count: None for no count (None, or NaN as pandas reads a null)."""
+    return None if value is None or value != value else int(value)
+
+
 def recorded_page_counts(doc_ids: Sequence[Optional[str]],
                          page_counts: Optional[Sequence[Optional[int]]]) -> dict:
     """{doc_id: the counts the batch recorded for it} (a set: two rows may disagree)."""
@@ -127,4 +132,4 @@ def failure_rate_warning(metrics: Mapping[str, float], threshold: float) -> Opti
 
 
 __all__ = ["RetrieverPreflightError", "enforce", "failure_rate_warning", "missing_documents",
-           "page_count_problem", "preflight_problem", "recorded_page_counts"]
+           "page_count_problem", "page_count_value", "preflight_problem", "recorded_page_counts"]

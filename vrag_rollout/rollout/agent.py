@@ -356,7 +356,9 @@ class vLLMRolloutAgent(vLLMRollout):
         column = prompts.non_tensor_batch.get(self.config.page_count_key)
         if column is None:
             return None
-        return [None if value is None or value != value else int(value) for value in column]  # NaN: none
+        from ..retrieval.preflight import page_count_value
+
+        return [page_count_value(value) for value in column]
 
     def _passthrough_columns(self, prompts: Any) -> list[str]:
         return [self.config.doc_id_key]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from ..core.actions import Crop, Fetch, Invalid, Search
 from ..core.regions import RegionError, RegionRequest
@@ -104,49 +104,32 @@ class Observer:
         decoded = dict(zip(map(id, pages), self.decoder.map(self._decode, pages)))
         return [self._observe(action, outcome, budget, slots, decoded) for action, outcome, budget, slots in items]
 
-    def _observe(self, action: Union[Search, Fetch], outcome: Outcome, budget: int, image_slots: int,
+    def _observe(self, action: Union[Search, Fetch, Crop], outcome: Outcome, budget: int, image_slots: int,
                  decoded: dict) -> ObservationResult:
-        result = self._observation(action, outcome, budget, image_slots, decoded)
-        if isinstance(action, Crop) and result.observation is not None and result.observation.images:
-            result.observation = dataclasses.replace(result.observation, is_crop=True)
-        if result.observation is None:
-            result.overflow = self._overflow(action, outcome, image_slots, decoded)
-        return result
-
-    def _observation(self, action: Union[Search, Fetch], outcome: Outcome, budget: int, image_slots: int,
-                     decoded: dict) -> ObservationResult:
+        """The call's observation within `budget`; when it does not fit, what its smallest form
+        needed (`overflow`, each case's own, computed only then)."""
+        builder = self.builder
         if isinstance(outcome, RetrieverFailure):
             mistake = outcome.kind == REQUEST_FAILURE
-            return ObservationResult(self.builder.error(outcome.message, budget), retriever_error=not mistake,
-                                     bad_request=mistake)
+            return _fitted(builder.error(outcome.message, budget), lambda: builder.error_overflow(outcome.message),
+                           retriever_error=not mistake, bad_request=mistake)
         pages = outcome if isinstance(outcome, list) else [outcome]
         text_pages = [p for p in pages if p.modality == "text"]
         if text_pages:
             page = text_pages[0]
-            return ObservationResult(self.builder.text(page.contents, page.page_id, budget))
-        images = [(decoded[id(page)], page.page_id) for page in pages if decoded[id(page)] is not None]
+            return _fitted(builder.text(page.contents, page.page_id, budget), lambda: builder.text_overflow(page.page_id))
+        images = [decoded[id(page)] for page in pages if decoded[id(page)] is not None]
+        page_ids = [page.page_id for page in pages if decoded[id(page)] is not None]
         decode_errors = len(pages) - len(images)
         if pages and not images:
-            observation = self.builder.error(_undecodable(action), budget)
-            return ObservationResult(observation, retriever_error=True, decode_errors=decode_errors)
-        observation = self.builder.pages(
-            [image for image, _ in images], [page_id for _, page_id in images], budget, image_slots
-        )
-        return ObservationResult(observation, decode_errors=decode_errors)
-
-    def _overflow(self, action: Union[Search, Fetch], outcome: Outcome, image_slots: int, decoded: dict) -> Overflow:
-        """What the result `_observation` could not fit needed at least (same cases, same order)."""
-        if isinstance(outcome, RetrieverFailure):
-            return self.builder.error_overflow(outcome.message)
-        pages = outcome if isinstance(outcome, list) else [outcome]
-        text_pages = [p for p in pages if p.modality == "text"]
-        if text_pages:
-            return self.builder.text_overflow(text_pages[0].page_id)
-        images = [(decoded[id(page)], page.page_id) for page in pages if decoded[id(page)] is not None]
-        if pages and not images:
-            return self.builder.error_overflow(_undecodable(action))
-        return self.builder.pages_overflow([image for image, _ in images], [page_id for _, page_id in images],
-                                           image_slots)
+            message = _undecodable(action)
+            return _fitted(builder.error(message, budget), lambda: builder.error_overflow(message),
+                           retriever_error=True, decode_errors=decode_errors)
+        observation = builder.pages(images, page_ids, budget, image_slots)
+        if isinstance(action, Crop) and observation is not None and observation.images:
+            observation = dataclasses.replace(observation, is_crop=True)
+        return _fitted(observation, lambda: builder.pages_overflow(images, page_ids, image_slots),
+                       decode_errors=decode_errors)
 
     def observe_tool_turn(self, calls: Sequence[Any], outcomes: Sequence[Any], budget: int, image_slots: int,
                           template: Any) -> ObservationResult:
@@ -231,6 +214,10 @@ class Observer:
             return decode_page(page.contents, self.band)
         except ImageDecodeError:
             return None
+
+
+def _fitted(observation: Optional[Observation], overflow: Callable[[], Overflow], **counts: Any) -> ObservationResult:
+    return ObservationResult(observation, overflow() if observation is None else None, **counts)
 
 
 def _undecodable(action: Union[Search, Fetch, Crop]) -> str:

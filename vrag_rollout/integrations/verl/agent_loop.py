@@ -152,9 +152,11 @@ class VragAgentLoop(AgentLoopBase):
     def _preflight(self, doc_id: str, page_count: Any) -> None:
         """The rollout's retriever preflight (`retriever_preflight`) for this row's document, before
         its first turn; each document is asked about once per process (the agent caches it)."""
-        counts = None if page_count is None or page_count != page_count else [int(page_count)]  # NaN: none
+        from ...retrieval.preflight import page_count_value
+
+        count = page_count_value(page_count)
         with _preflight_lock:  # the agent's cache of confirmed documents is shared by every loop
-            self.agent.preflight([doc_id], counts)
+            self.agent.preflight([doc_id], None if count is None else [count])
 
     def _episode(self, row: dict, sample: int) -> tuple[Episode, list[int]]:
         """The row's episode and its prompt in the trainer's view (each image's pads expanded);
