@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="tags: <search>/<fetch> in one turn; tool_call: the chat template's own tool calls")
     demo.add_argument("--model", default=None,
                       help="run on this local checkpoint of a supported family instead of a tiny model")
+    demo.add_argument("--region-action", action="store_true",
+                      help="let episodes look closer at a region of the last page shown (<bbox>, the crop tool)")
 
     learn = subcommand(
         "learn", help="GRPO on CPU with a tiny model: roll out, score, update the HF model, sync it into the engine, "
@@ -182,6 +184,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             seed=args.seed,
             rollout_mode=args.rollout_mode,
             action_format=args.action_format,
+            region_action=args.region_action,
         )
         return 0
     if args.command == "learn":

@@ -45,3 +45,37 @@ def test_the_demo_config_sets_it_for_both_formats_and_yields_to_a_callers_gramma
         assert config.first_turn_action_regex and "<answer>" not in config.first_turn_action_regex
         assert "<answer>" in config.action_regex
     assert demo_config(action_regex="<answer>x</answer>").first_turn_action_regex is None
+
+
+@pytest.fixture(scope="module")
+def live_url():
+    """The embedded retriever on the demo's sample index: crops are rendered from its PDFs."""
+    from retriever_server.testing import serve_in_thread
+    from vrag_rollout.devkit.demo import cache_dir, prepare_index
+
+    with serve_in_thread(prepare_index(cache_dir())) as url:
+        yield url
+
+
+@pytest.mark.parametrize("action_format", ["tags", "tool_call"])
+def test_the_demo_grammar_looks_closer_with_the_region_action(tiny_model_dir, tiny_processor, tiny_llm, live_url,
+                                                              action_format):
+    """With `region_action=True` the demo's later turns may crop the last page shown (`<bbox>` or
+    the crop tool): some episodes do, the crops come back as images labelled with their region,
+    and the project's check passes on the batch."""
+    from vrag_rollout.verify.check import check_batch
+    from vrag_rollout.verify.saved_batch import from_dataproto
+
+    with RetrieverClient(live_url) as client:
+        agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=2, max_turns=5, region_action=True,
+                           action_format=action_format)
+        assert agent.config.action_regex and ("bbox" in agent.config.action_regex)
+        assert "bbox" not in agent.config.first_turn_action_regex  # nothing shown before the first turn
+        output = agent.generate_sequences(demo_prompts(tiny_processor.tokenizer, tiny_processor,
+                                                       sample_prompts(8, with_images=False), agent.config))
+    assert output.meta_info["metrics"]["rollout/crops"] >= 1, output.non_tensor_batch["termination_reason"]
+    regions = [region for row in output.non_tensor_batch["image_regions"] for region in row if region is not None]
+    assert regions and all(0 <= v <= 1 for region in regions for v in region)
+    report = check_batch(from_dataproto(output, processor=tiny_processor, model_path=tiny_model_dir,
+                                        config=agent.config), tiny_model_dir)
+    assert report.ok, report.human()

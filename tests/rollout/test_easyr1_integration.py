@@ -614,6 +614,11 @@ def test_a_named_template_file_reaches_the_dataset(easyr1, monkeypatch, tmp_path
     processor = AutoProcessor.from_pretrained(tiny_processor.tokenizer.name_or_path)
     dataset = RLHFDataset(data_path="x.parquet", tokenizer=processor.tokenizer, processor=processor)
     assert dataset.render({"prompt": "q"}) == f"SYSTEM {len(TOOLS)} tools|user"
+    # a run with the region action shows the crop tool too
+    monkeypatch.setenv(glue.PROMPT_TOOLS_ENV, json.dumps({"chat_template": str(named), "region_action": True}))
+    processor = AutoProcessor.from_pretrained(tiny_processor.tokenizer.name_or_path)
+    dataset = RLHFDataset(data_path="x.parquet", tokenizer=processor.tokenizer, processor=processor)
+    assert dataset.render({"prompt": "q"}) == f"SYSTEM {len(TOOLS) + 1} tools|user"
     monkeypatch.setenv(glue.PROMPT_TOOLS_ENV, "not json")
     with pytest.raises(ValueError, match="VRAG_PROMPT_TOOLS is not JSON"):
         RLHFDataset(data_path="x.parquet", tokenizer=processor.tokenizer, processor=processor)
@@ -919,11 +924,12 @@ def test_real_easyr1_config_patches_union_and_reward(real_easyr1):
     assert metrics["overall"] == [4.0] and scores[0, 3] == 4.0
 
 
-def _tool_call_ppo(template=None, action_format="tool_call"):
+def _tool_call_ppo(template=None, action_format="tool_call", region_action=False):
     class Rollout:
         doc_id_key, chat_template = "doc_id", template
 
     Rollout.action_format = action_format
+    Rollout.region_action = region_action
 
     class PPO:
         worker = type("Worker", (), {"rollout": Rollout()})()
@@ -934,7 +940,10 @@ def _tool_call_ppo(template=None, action_format="tool_call"):
 def test_prompt_tools_follow_the_config_and_never_leak_into_a_tags_run(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     env = glue.make_runtime_env(_tool_call_ppo("templates/t.jinja"))["env_vars"]
-    assert json.loads(env[glue.PROMPT_TOOLS_ENV]) == {"chat_template": str(tmp_path / "templates" / "t.jinja")}
+    assert json.loads(env[glue.PROMPT_TOOLS_ENV]) == {"chat_template": str(tmp_path / "templates" / "t.jinja"),
+                                                      "region_action": False}
+    regions = glue.make_runtime_env(_tool_call_ppo(region_action=True))["env_vars"]
+    assert json.loads(regions[glue.PROMPT_TOOLS_ENV]) == {"chat_template": None, "region_action": True}
     monkeypatch.setenv(glue.PROMPT_TOOLS_ENV, env[glue.PROMPT_TOOLS_ENV])  # as the entry point leaves it
     assert glue.PROMPT_TOOLS_ENV not in glue.make_runtime_env(_tool_call_ppo(action_format="tags"))["env_vars"]
 

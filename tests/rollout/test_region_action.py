@@ -1,13 +1,15 @@
-"""The region action end to end, for every family (tags format, `region_action=True`): a real
-rollout fetches page 2 of a PDF that holds a dark mark at a known place, then asks for the box
-around the mark in the family's grounding frame (`<crop>2, [x1, y1, x2, y2]</crop>`, 0..1000 for
-Qwen2-VL and Qwen3-VL, pixels of the page as shown for Qwen2.5-VL), and the retriever renders the
-region from the PDF. Oracle: the mark's centre, measured with numpy in the image the episode
-was shown, sits at the centre of the crop; the same box read in the other frame (the wrong
-convention) does not show it there. The project's `check` passes on the batch with crops."""
+"""The region action end to end, for every family and both action formats (`region_action=True`):
+a real rollout fetches page 2 of a PDF that holds a dark mark at a known place, then asks for the
+box around the mark in the family's grounding frame (`<crop>2, [x1, y1, x2, y2]</crop>`, or the
+`crop` tool's `{"page": 2, "bbox": [...]}`; 0..1000 for Qwen2-VL and Qwen3-VL, pixels of the page
+as shown for Qwen2.5-VL), and the retriever renders the region from the PDF. Oracle: the mark's
+centre, measured with numpy in the image the episode was shown, sits at the centre of the crop;
+the same box read in the other frame (the wrong convention) does not show it there. The
+project's `check` passes on the batches with crops, and the `image_regions` column names the box."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -61,12 +63,23 @@ def mark_centre(image: Image.Image):
     return (xs.mean() + 0.5) / image.width, (ys.mean() + 0.5) / image.height
 
 
-def roll(model, url, box_text):
+def tool_call_regex(name, arguments):
+    """One call as the chat template writes it (JSON as `json.dumps` spells it), then the turn ends."""
+    return re.escape("<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>")
+
+
+def roll(model, url, box, action_format="tags"):
+    box_text = ", ".join(map(str, box))
+    if action_format == "tags":
+        grammar = dict(first_turn_action_regex=re.escape("<fetch>image, 2</fetch>"),
+                       action_regex=re.escape(f"<crop>2, [{box_text}]</crop>"), prompt_length=384, response_length=1536)
+    else:
+        grammar = dict(first_turn_action_regex=tool_call_regex("fetch", {"page": 2, "mode": "image"}),
+                       action_regex=tool_call_regex("crop", {"page": 2, "bbox": list(box)}), prompt_length=1280,
+                       response_length=768)  # the shared engine's context is 2048
     with RetrieverClient(url) as client:
         agent = make_agent(model.model_dir, model.processor, model.llm, client, n=1, max_turns=3, region_action=True,
-                           first_turn_action_regex=re.escape("<fetch>image, 2</fetch>"),
-                           action_regex=re.escape(f"<crop>2, [{box_text}]</crop>"), response_length=1536,
-                           prompt_length=384)
+                           action_format=action_format, **grammar)
         sample = PromptSample(question="What is marked on the inspection sheet?", doc_id="sheet")
         output = agent.generate_sequences(build_prompts([sample], tokenizer=model.processor.tokenizer,
                                                         processor=model.processor, config=agent.config))
@@ -91,8 +104,9 @@ def family_rollouts(request, family_models, retriever_url):
     wrong_frame = RELATIVE_1000 if frame == ABSOLUTE else ABSOLUTE
     wrong = from_fractions(AROUND, wrong_frame, size)  # the box written in the other convention
     results = {}
-    for name, box in (("right", right), ("wrong", wrong)):
-        agent, output = roll(model, retriever_url, ", ".join(map(str, box)))
+    for name, box, action_format in (("right", right, "tags"), ("wrong", wrong, "tags"),
+                                     ("tool_call", right, "tool_call")):
+        agent, output = roll(model, retriever_url, box, action_format)
         results[name] = (agent, output, box)
     return model, frame, results
 
@@ -102,9 +116,10 @@ def crops(output):
     return images[1:]  # page 2 as fetched, then the crop(s)
 
 
-def test_the_familys_box_shows_the_mark_centred(family_rollouts):
+@pytest.mark.parametrize("case", ["right", "tool_call"])
+def test_the_familys_box_shows_the_mark_centred(family_rollouts, case):
     model, frame, results = family_rollouts
-    agent, output, box = results["right"]
+    agent, output, box = results[case]
     assert output.meta_info["metrics"]["rollout/crops"] >= 1, output.non_tensor_batch["termination_reason"]
     (crop, *_) = crops(output)
     centre = mark_centre(crop)
@@ -115,6 +130,10 @@ def test_the_familys_box_shows_the_mark_centred(family_rollouts):
     report = check_batch(from_dataproto(output, processor=model.processor, model_path=model.model_dir,
                                         config=agent.config), model.model_dir)
     assert report.ok, report.human()
+    regions = output.non_tensor_batch["image_regions"][0]
+    assert regions[0] is None and regions[1] is not None  # the page as fetched, then its region
+    # the box read back as page fractions: the region around the mark (the frame's rounding aside)
+    assert all(abs(a - b) < 0.01 for a, b in zip(regions[1], (AROUND.x1, AROUND.y1, AROUND.x2, AROUND.y2)))
 
 
 def test_a_box_in_the_other_frame_misses_the_mark(family_rollouts):

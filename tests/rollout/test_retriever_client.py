@@ -416,8 +416,11 @@ def test_crop_happy_path_and_the_body_sent(fake):
     boxes = [[0.1, 0.2, 0.5, 0.6], [0, 0, 1, 1], [0.5, 0.5, 0.4, 0.9], [0, 0, 1, 1]]
     with client_for(fake) as client:
         res = client.batch_crop(["annual_report", "manual_v2", "manual_v2", "manual_v2"], [2, 1, 1, 9], boxes, *CROP_BAND)
-    assert res[0] == RetrievedPage("annual_report_2", "annual_report", 2, "image", crop_b64("annual_report", 2, boxes[0]))
-    assert res[1] == RetrievedPage("manual_v2_1", "manual_v2", 1, "image", crop_b64("manual_v2", 1, [0.0, 0.0, 1.0, 1.0]))
+    # each crop is labelled with the region it shows
+    assert res[0] == RetrievedPage("annual_report_2", "annual_report", 2, "image", crop_b64("annual_report", 2, boxes[0]),
+                                   region=(0.1, 0.2, 0.5, 0.6))
+    assert res[1] == RetrievedPage("manual_v2_1", "manual_v2", 1, "image", crop_b64("manual_v2", 1, [0.0, 0.0, 1.0, 1.0]),
+                                   region=(0.0, 0.0, 1.0, 1.0))
     assert res[2].kind == "request" and "inverted" in res[2].message  # answered without a round trip
     assert res[3] == RetrieverFailure("request", "page 9 out of range for manual_v2")
     (path, _, body), = fake.requests
@@ -439,7 +442,8 @@ def test_crop_5xx_is_retried_then_answered(fake):
     fake.script = [("status", 500), ("status", 502)]
     with client_for(fake, retries=2) as client:
         res = client.batch_crop(["manual_v2"], [3], [[0, 0, 0.5, 0.5]], *CROP_BAND)
-        assert res == [RetrievedPage("manual_v2_3", "manual_v2", 3, "image", crop_b64("manual_v2", 3, [0.0, 0.0, 0.5, 0.5]))]
+        assert res == [RetrievedPage("manual_v2_3", "manual_v2", 3, "image", crop_b64("manual_v2", 3, [0.0, 0.0, 0.5, 0.5]),
+                                     region=(0.0, 0.0, 0.5, 0.5))]
         assert client.stats.retries == 2
     assert fake.paths()["/batch_crop"] == 3
 

@@ -4,10 +4,12 @@ conversation (the oracle), token for token."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from transformers import AutoProcessor
 
-from vrag_rollout.core.actions import Fetch, Invalid, Search
+from vrag_rollout.core.actions import Crop, Fetch, Invalid, Search
 from vrag_rollout.families import FAMILY_NAMES
 from vrag_rollout.devkit.tiny_model import build_tiny_model, default_model_dir
 from vrag_rollout.core.tool_turns import TOOLS, TemplateError, ToolResult, ToolTurnTemplate, parse_tool_calls
@@ -124,3 +126,42 @@ def test_parse_tool_calls(text, expected):
 ])
 def test_each_mistake_has_its_kind(text, kind):
     assert [call.kind for call in parse_tool_calls(text) if isinstance(call, Invalid)] == [kind]
+
+
+def _crop_call(arguments) -> str:
+    return f'<tool_call>{json.dumps({"name": "crop", "arguments": arguments})}</tool_call>'
+
+
+@pytest.mark.parametrize("arguments, expected", [
+    ({"page": 2, "bbox": [10, 20.5, 300, 400]}, Crop(2, (10.0, 20.5, 300.0, 400.0))),
+    ({"bbox": [0, 0, 500, 500]}, Crop(None, (0.0, 0.0, 500.0, 500.0))),  # the last page shown
+    ({"page": 0, "bbox": [0, 0, 1, 1]}, "bad_arguments"),
+    ({"page": True, "bbox": [0, 0, 1, 1]}, "bad_arguments"),
+    ({"page": 2}, "bad_region"),
+    ({"page": 2, "bbox": [0, 0, 1]}, "bad_region"),
+    ({"page": 2, "bbox": [0, 0, "1", 1]}, "bad_region"),
+    ({"page": 2, "bbox": [0, 0, True, 1]}, "bad_region"),
+])
+def test_the_crop_tool_with_the_region_action(arguments, expected):
+    (call,) = parse_tool_calls(_crop_call(arguments), regions=True)
+    if isinstance(expected, str):
+        assert isinstance(call, Invalid) and call.kind == expected, call
+    else:
+        assert call == expected
+
+
+def test_without_the_region_action_crop_is_an_unknown_tool():
+    (call,) = parse_tool_calls(_crop_call({"page": 2, "bbox": [0, 0, 1, 1]}))
+    assert isinstance(call, Invalid) and call.kind == "unknown_tool" and "search and fetch" in call.message
+
+
+def test_region_runs_show_the_crop_schema_and_others_do_not(processor):
+    from vrag_rollout.config import AgentRolloutConfig
+    from vrag_rollout.core.tool_turns import REGION_TOOLS, tools_for
+
+    assert tools_for(AgentRolloutConfig(region_action=True)) == REGION_TOOLS
+    assert tools_for(AgentRolloutConfig()) == TOOLS
+    with_crop = ToolTurnTemplate(processor.tokenizer, REGION_TOOLS)
+    prompt = processor.tokenizer.apply_chat_template([{"role": "user", "content": "q"}], tools=list(TOOLS),
+                                                     add_generation_prompt=True, tokenize=False)
+    assert with_crop.missing_tools(prompt) == ["crop"]  # a prompt without the crop schema is refused

@@ -144,6 +144,8 @@ def episode_columns(
         ),
         "page_ids": object_array([[list(turn) for turn in ep.page_ids] for ep in episodes]),
         "turn_page_ids": object_array([ep.turn_page_ids() for ep in episodes]),
+        # per retrieved image (after the prompt's): None, or the page fractions a crop shows
+        "image_regions": object_array([list(ep.image_regions) for ep in episodes]),
         "termination_reason": object_array([ep.termination for ep in episodes]),
         "budget_overflow": object_array([ep.budget_overflow for ep in episodes]),
         "num_turns": np.array([ep.turns for ep in episodes], dtype=np.int64),

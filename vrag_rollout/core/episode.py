@@ -45,6 +45,8 @@ class Episode:
     shown_pages: dict = field(default_factory=dict)
     last_page_id: Optional[str] = None  # the last whole page shown (VRAG-RL's `<bbox>` crops it)
     images: list[Any] = field(default_factory=list)  # retrieved vision.PageImage, sequence order
+    # per retrieved image: None (a whole page) or the [x1, y1, x2, y2] page fractions a crop shows
+    image_regions: list[Optional[list[float]]] = field(default_factory=list)
     page_ids: list[list[str]] = field(default_factory=list)  # one list per observation
     turns: int = 0
     searches: int = 0
@@ -110,9 +112,12 @@ class Episode:
         self.turn_ids.extend([self.turns] * len(observation.trainer_ids))
         self.observation_turns.append(self.turns)
         self.images.extend(observation.images)
-        if not observation.is_crop and observation.images:
-            self.shown_pages.update(zip(observation.page_ids, observation.images))
-            self.last_page_id = observation.page_ids[len(observation.images) - 1]
+        for k, (page_id, image) in enumerate(zip(observation.page_ids, observation.images)):
+            region = observation.region_of(k)
+            self.image_regions.append(None if region is None else list(region))
+            if region is None:  # a whole page: what a later region action may name
+                self.shown_pages[page_id] = image
+                self.last_page_id = page_id
         self.images_dropped += observation.dropped_images
         self.page_ids.append(list(observation.page_ids))
         return True

@@ -45,11 +45,17 @@ class Observation:
     page_ids: tuple[str, ...] = ()
     dropped_images: int = 0  # pages left out because they did not fit the budget or image limit
     is_error: bool = False
-    is_crop: bool = False  # a region of a page (the region action), not the page as shown
+    # Per image: None for a page as shown, or the region of it a crop shows ((x1, y1, x2, y2)
+    # as fractions of the page `page_ids[k]`); empty: every image is a whole page.
+    image_regions: tuple[Optional[tuple[float, ...]], ...] = ()
 
     @property
     def num_images(self) -> int:
         return len(self.images)
+
+    def region_of(self, k: int) -> Optional[tuple[float, ...]]:
+        """The region image `k` shows (None: the whole page)."""
+        return self.image_regions[k] if k < len(self.image_regions) else None
 
 
 @dataclass(frozen=True)

@@ -197,7 +197,7 @@ def _readable_region(tag: str, body: str) -> bool:
 
 
 def _executable(call_body: str) -> bool:
-    calls = parse_tool_calls(f"<tool_call>{call_body}</tool_call>")
+    calls = parse_tool_calls(f"<tool_call>{call_body}</tool_call>", regions=True)  # a crop is an action too
     return len(calls) == 1 and not isinstance(calls[0], Invalid)
 
 

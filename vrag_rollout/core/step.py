@@ -57,12 +57,13 @@ def after_generation(
     return action
 
 
-def after_tool_call_turn(episode: Episode, output: Any, *, last_turn: bool, turn_end: int) -> Optional[ToolCalls]:
+def after_tool_call_turn(episode: Episode, output: Any, *, last_turn: bool, turn_end: int,
+                         regions: bool = False) -> Optional[ToolCalls]:
     """The native tool-call format's step: a turn ends at the end-of-turn token `turn_end`
     (`<|im_end|>`); its `<tool_call>` blocks are the actions (invalid ones included, each gets an
     error answer). A turn without a call ends the episode with its content as the answer. A turn
     that ended any other way (the length limit, another EOS, an abort) ends the episode: the
-    chat format cannot continue after it."""
+    chat format cannot continue after it. `crop` calls are actions only with `regions`."""
     episode.append_sampled(output.token_ids, output.logprobs)
     if output.finish_reason == "length":
         episode.calls_cut += int(has_open_call(output.text))
@@ -71,7 +72,7 @@ def after_tool_call_turn(episode: Episode, output: Any, *, last_turn: bool, turn
     if output.finish_reason != "stop" or not output.token_ids or output.token_ids[-1] != turn_end:
         episode.finish("eos" if output.finish_reason == "stop" else "abort")
         return None
-    calls = parse_tool_calls(output.text)
+    calls = parse_tool_calls(output.text, regions)
     if not calls:
         episode.answer = final_answer(output.text)
         episode.finish("answered")

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
-from .actions import MAX_QUERY_CHARS, Fetch, Invalid, Search
+from .actions import MAX_QUERY_CHARS, Crop, Fetch, Invalid, Search
 from .serial_tokenizer import serial
 
 SEARCH_TOOL = {
@@ -53,7 +53,29 @@ FETCH_TOOL = {
         },
     },
 }
+CROP_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "crop",
+        "description": "Look closer at a region of a page shown as an image; returns the region enlarged.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "page": {"type": "integer", "description": "a page already shown; omitted: the last one"},
+                "bbox": {"type": "array", "items": {"type": "number"},
+                         "description": "[x1, y1, x2, y2], top left and bottom right, in grounding coordinates"},
+            },
+            "required": ["bbox"],
+        },
+    },
+}
 TOOLS = (SEARCH_TOOL, FETCH_TOOL)
+REGION_TOOLS = TOOLS + (CROP_TOOL,)  # with the region action (`region_action=True`)
+
+
+def tools_for(config: Any) -> tuple[dict, ...]:
+    """The tools a run's prompts show and its policy may call."""
+    return REGION_TOOLS if getattr(config, "region_action", False) else TOOLS
 
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _DUMMY_CALL = {"type": "function", "function": {"name": "search", "arguments": {"query": "q"}}}
@@ -116,16 +138,17 @@ class ToolCalls:
     calls: tuple
 
 
-def parse_tool_calls(text: str) -> list[Union[Search, Fetch, Invalid]]:
+def parse_tool_calls(text: str, regions: bool = False) -> list[Union[Search, Fetch, Crop, Invalid]]:
     """Every `<tool_call>` block of an assistant turn, in order, as an action or the reason it
     cannot be executed (invalid JSON, unknown tool, missing or ill-typed arguments, a block never
     closed). Text before the first block is the turn's content (its reasoning) and is not read;
     text after the last closed block is a mistake: the calls still run, and one more error answer
-    says the text was ignored (a chat message holds content, then its calls)."""
-    calls: list[Union[Search, Fetch, Invalid]] = []
+    says the text was ignored (a chat message holds content, then its calls). `crop` is a tool
+    only with `regions` (the region action)."""
+    calls: list[Union[Search, Fetch, Crop, Invalid]] = []
     bodies = _CALL.findall(text)
     for body in bodies:
-        calls.append(_read_call(body))
+        calls.append(_read_call(body, regions))
     if has_open_call(text):
         calls.append(Invalid("a <tool_call> was not closed with </tool_call>.", "unclosed_call"))
     elif bodies:
@@ -141,7 +164,7 @@ def has_open_call(text: str) -> bool:
     return text.count("<tool_call>") > len(_CALL.findall(text))
 
 
-def _read_call(body: str) -> Union[Search, Fetch, Invalid]:
+def _read_call(body: str, regions: bool = False) -> Union[Search, Fetch, Crop, Invalid]:
     try:
         call = json.loads(body)
     except ValueError as e:
@@ -161,7 +184,21 @@ def _read_call(body: str) -> Union[Search, Fetch, Invalid]:
         if isinstance(page, bool) or not isinstance(page, int) or page < 1 or mode not in ("image", "text"):
             return Invalid("fetch needs an integer 'page' from 1 and 'mode' image or text.", "bad_arguments")
         return Fetch(mode, page)
-    return Invalid(f"unknown tool {name!r}; the tools are search and fetch.", "unknown_tool")
+    if name == "crop" and regions:
+        return _read_crop(args)
+    tools = "search, fetch and crop" if regions else "search and fetch"
+    return Invalid(f"unknown tool {name!r}; the tools are {tools}.", "unknown_tool")
+
+
+def _read_crop(args: dict) -> Union[Crop, Invalid]:
+    page, box = args.get("page"), args.get("bbox")
+    usage = "crop needs 'bbox' [x1, y1, x2, y2] of four numbers and, if given, an integer 'page' from 1."
+    if page is not None and (isinstance(page, bool) or not isinstance(page, int) or page < 1):
+        return Invalid(usage, "bad_arguments")
+    if not (isinstance(box, list) and len(box) == 4
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in box)):
+        return Invalid(usage, "bad_region")
+    return Crop(page, tuple(float(v) for v in box))
 
 
 @dataclass(frozen=True)

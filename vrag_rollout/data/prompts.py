@@ -120,7 +120,7 @@ def build_prompts(samples: Sequence[PromptSample], *, tokenizer: Any, processor:
     from dataclasses import replace
     from pathlib import Path
 
-    from ..core.tool_turns import TOOLS
+    from ..core.tool_turns import tools_for
 
     if not samples:
         raise ValueError("build_prompts: no samples")
@@ -131,7 +131,7 @@ def build_prompts(samples: Sequence[PromptSample], *, tokenizer: Any, processor:
     template = Path(config.chat_template).read_text(encoding="utf-8") if tool_call and config.chat_template else None
     return build_prompt_batch(tokenizer, processor, samples, config.prompt_length, doc_id_key=config.doc_id_key,
                               position_rows=3 if config.position_ids_layout == "3" else 4,
-                              tools=TOOLS if tool_call else None, chat_template=template)
+                              tools=tools_for(config) if tool_call else None, chat_template=template)
 
 
 def expand_pads(ids: Sequence[int], grids: Sequence[tuple[int, int, int]], image_pad: int, merge: int) -> list[int]:

@@ -19,12 +19,16 @@ from ..data.prompts import PromptSample, build_prompts
 
 # The tiny model is random: a grammar makes vLLM's own sampling write well-formed actions.
 # Queries come from a closed list so recorded retriever fixtures cover every possible call.
-_TOOL_ACTIONS = r"<search>({queries})</search>|<fetch>(image|text), [1-{max_page}]</fetch>"
+_SEARCH = r"<search>({queries})</search>"
+_FETCH = r"|<fetch>(image|text), [1-{max_page}]</fetch>"
 _ANSWER = r"<answer>[a-z0-9 ]{{1,12}}</answer>"
 
 
 DEMO_TOP_N = 2
 DEMO_MAX_PAGE = 6  # past the shortest document's end, so out-of-range fetches occur too
+# Region boxes of the demo grammar (`region_action=True`): valid in both grounding frames (0..1000,
+# and pixels of the demo's small pages), so each family's crops come back as images.
+DEMO_BOXES = ((0, 0, 80, 80), (40, 60, 160, 180))
 
 
 def _regex_literal(text: str) -> str:
@@ -32,21 +36,32 @@ def _regex_literal(text: str) -> str:
     return "".join("\\" + c if c in "\\.^$*+?{}[]|()" else c for c in text)
 
 
-def action_regex(queries: list[str], max_page: int, answer: bool = True) -> str:
-    """The tags format's turn: a thought, then a search, a fetch or (with `answer`) an answer."""
+def _boxes() -> str:
+    return "|".join(_regex_literal(str(list(box))) for box in DEMO_BOXES)
+
+
+def action_regex(queries: list[str], max_page: int, answer: bool = True, regions: bool = False,
+                 fetch: bool = True) -> str:
+    """The tags format's turn: a thought, then a search, (with `fetch`) a fetch, (with `regions`)
+    a look closer at the last page shown (`<bbox>`), or (with `answer`) an answer."""
     alternatives = "|".join(_regex_literal(q) for q in queries)
-    actions = _TOOL_ACTIONS + ("|" + _ANSWER if answer else "")
-    return (r"<think>[a-z ]{{3,16}}</think>(" + actions + ")").format(queries=alternatives, max_page=max_page)
+    actions = (_SEARCH + (_FETCH if fetch else "")).format(queries=alternatives, max_page=max_page)
+    actions += f"|<bbox>({_boxes()})</bbox>" if regions else ""
+    actions += "|" + _ANSWER.format() if answer else ""
+    return r"<think>[a-z ]{3,16}</think>(" + actions + ")"
 
 
-def tool_call_regex(queries: list[str], max_page: int, answer: bool = True) -> str:
+def tool_call_regex(queries: list[str], max_page: int, answer: bool = True, regions: bool = False,
+                    fetch: bool = True) -> str:
     """The native format's turn: a thought, then one or two tool calls as the chat template
-    writes them, or (with `answer`) an answer; the grammar's end leaves only the end-of-turn token."""
+    writes them (search; with `fetch`, fetch; with `regions`, crop of the last page shown), or
+    (with `answer`) an answer; the grammar's end leaves only the end-of-turn token."""
     alternatives = "|".join(_regex_literal(q) for q in queries)
     search = r'<tool_call>\n\{"name": "search", "arguments": \{"query": "(' + alternatives + r')"\}\}\n</tool_call>'
-    fetch = (r'<tool_call>\n\{"name": "fetch", "arguments": \{"page": [1-' + str(max_page)
-             + r'], "mode": "(image|text)"\}\}\n</tool_call>')
-    call = f"({search}|{fetch})"
+    fetch_call = (r'<tool_call>\n\{"name": "fetch", "arguments": \{"page": [1-' + str(max_page)
+                  + r'], "mode": "(image|text)"\}\}\n</tool_call>')
+    crop = r'|<tool_call>\n\{"name": "crop", "arguments": \{"bbox": (' + _boxes() + r')\}\}\n</tool_call>'
+    call = f"({search}{'|' + fetch_call if fetch else ''}{crop if regions else ''})"
     answer_branch = "|<answer>[a-z0-9 ]{1,12}</answer>" if answer else ""
     return rf"<think>[a-z ]{{3,16}}</think>(\n{call}(\n{call})?{answer_branch})"
 
@@ -135,10 +150,15 @@ def demo_config(**overrides: Any) -> AgentRolloutConfig:
         first_turn_action_regex=action_regex(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE, answer=False),
         calculate_log_probs=True,  # the saved batch carries rollout_log_probs: `check --forward` reads them
     )
+    # With the region action the first turn searches (its pages are what a later turn crops) and
+    # later turns may look closer at the last page shown.
+    regions = bool(overrides.get("region_action"))
+    grammar = tool_call_regex if overrides.get("action_format") == "tool_call" else action_regex
+    base["action_regex"] = grammar(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE, regions=regions)
+    base["first_turn_action_regex"] = grammar(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE, answer=False,
+                                              fetch=not regions)
     if overrides.get("action_format") == "tool_call":
-        base["action_regex"] = tool_call_regex(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE)
-        base["first_turn_action_regex"] = tool_call_regex(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE, answer=False)
-        base["prompt_length"] = 1024  # the tool schemas in the system turn
+        base["prompt_length"] = 1280 if regions else 1024  # the tool schemas in the system turn
     if "action_regex" in overrides:  # the caller's grammar governs every turn unless it says otherwise
         base["first_turn_action_regex"] = None
     base.update(overrides)

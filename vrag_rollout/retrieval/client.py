@@ -250,7 +250,7 @@ class RetrieverClient:
 
         def chunk(lo: int, hi: int):
             body = crop_body(ids[lo:hi], numbers[lo:hi], regions[lo:hi], min_pixels, max_pixels, factor)
-            return "/batch_crop", body, lambda data: parse_crop_results(data, ids[lo:hi], numbers[lo:hi])
+            return "/batch_crop", body, lambda data: parse_crop_results(data, ids[lo:hi], numbers[lo:hi], regions[lo:hi])
 
         for i, result in zip(sent, self._run(len(sent), chunk, min(self.max_batch, contract.MAX_CROP_BATCH))):
             out[i] = result

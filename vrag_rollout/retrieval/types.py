@@ -14,7 +14,7 @@ Pure values: frozen dataclasses, no I/O; imports only the server's wire contract
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import Optional, Union
 
 from retriever_server import contract
 
@@ -34,6 +34,9 @@ class RetrievedPage:
     # text: the page text (always str). Never decoded here.
     contents: Union[str, bytes]
     score: float | None = None
+    # crop: the region of the page this image shows, (x1, y1, x2, y2) as fractions of the page;
+    # None: the whole page
+    region: Optional[tuple[float, float, float, float]] = None
 
 
 @dataclass(frozen=True)

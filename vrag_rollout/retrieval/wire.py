@@ -137,10 +137,12 @@ def _echo_mismatch(echo: str, spec: FetchSpec) -> bool:
         return False  # an id we can't read is tolerated: the wire only promises "error" or the echo
 
 
-def parse_crop_results(data: Any, doc_ids: Sequence[str], pages: Sequence[int]) -> list[RetrievedPage | RetrieverFailure]:
-    """One entry per crop: an image `RetrievedPage` of the page it was cut from, or a failure."""
+def parse_crop_results(data: Any, doc_ids: Sequence[str], pages: Sequence[int],
+                       boxes: Sequence[Sequence[float]]) -> list[RetrievedPage | RetrieverFailure]:
+    """One entry per crop: an image `RetrievedPage` of the page it was cut from, labelled with
+    its region (`boxes[i]`, fractions of the page), or a failure."""
     out: list[RetrievedPage | RetrieverFailure] = []
-    for doc_id, page, item in zip(doc_ids, pages, _expect_list(data, len(doc_ids))):
+    for doc_id, page, box, item in zip(doc_ids, pages, boxes, _expect_list(data, len(doc_ids))):
         wanted = contract.page_id(doc_id, page)
         if not is_wire_item(item):
             out.append(_malformed_item("crop result"))
@@ -149,5 +151,6 @@ def parse_crop_results(data: Any, doc_ids: Sequence[str], pages: Sequence[int]) 
         elif item["id"] != wanted:
             out.append(RetrieverFailure("malformed", f"retriever answered {item['id']!r} to a crop of {wanted!r}"))
         else:
-            out.append(RetrievedPage(wanted, doc_id, page, "image", item["contents"]))
+            out.append(RetrievedPage(wanted, doc_id, page, "image", item["contents"],
+                                     region=tuple(float(v) for v in box)))
     return out

@@ -402,6 +402,7 @@ class vLLMRolloutAgent(vLLMRollout):
                 episode.crops += 1
             episode.searches += result.searches
             episode.fetches += result.fetches
+            episode.crops += result.crops
             episode.retriever_errors += int(result.retriever_error)
             episode.bad_requests += int(result.bad_request)
             episode.undecodable_pages += result.decode_errors

@@ -24,7 +24,7 @@ from ..core import step
 from ..core.actions import REGION_STOPS, TOOL_STOPS, Crop, Fetch, Search
 from ..core.regions import RELATIVE_1000, RegionError, resolve
 from ..core.episode import Episode
-from ..core.tool_turns import TOOLS, ToolTurnTemplate
+from ..core.tool_turns import ToolTurnTemplate, tools_for
 from .tools import Observer, ToolCall
 
 
@@ -52,15 +52,7 @@ class TagFormat:
         return [ToolCall(i, self._request(episode, action), episode.doc_id) for i, (episode, action) in enumerate(calls)]
 
     def _request(self, episode: Episode, action: Any) -> Any:
-        """A region action resolved against what its episode was shown (a `RegionRequest`, or the
-        `RegionError` to answer it with); other actions as they are."""
-        if not isinstance(action, Crop):
-            return action
-        try:
-            return resolve(action.page, action.box, self.frame, episode.doc_id, episode.shown_pages,
-                           episode.last_page_id)
-        except RegionError as error:
-            return error
+        return _resolved(action, episode, self.frame)
 
     def regroup(self, calls: list, outcomes: list) -> list:
         return outcomes
@@ -79,7 +71,9 @@ class ToolCallFormat:
 
     def __init__(self, config: Any, tokenizer: Any, grounding_frame: str = RELATIVE_1000):
         template = _read_template(config.chat_template) if config.chat_template else None
-        self.template = ToolTurnTemplate(tokenizer, TOOLS, chat_template=template)
+        self.regions = bool(getattr(config, "region_action", False))
+        self.frame = grounding_frame
+        self.template = ToolTurnTemplate(tokenizer, tools_for(config), chat_template=template)
         self.turn_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         # The only EOS the chat format continues after is the end of turn: ban the other one.
         other_eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
@@ -94,21 +88,23 @@ class ToolCallFormat:
                 raise ValueError(
                     f"action_format='tool_call', but prompt {row} does not "
                     f"carry the schemas of {missing} in its system turn: render prompts with tools= "
-                    "(vrag_rollout.core.tool_turns.TOOLS); EasyR1 runs started with `python -m "
+                    "(vrag_rollout.core.tool_turns.tools_for(config)); EasyR1 runs started with `python -m "
                     "vrag_rollout.integrations.easyr1` do this for its dataset (docs/easyr1.md)")
 
     def after_generation(self, episode: Episode, output: Any, *, last_turn: bool, observations: Any) -> Any:
-        return step.after_tool_call_turn(episode, output, last_turn=last_turn, turn_end=self.turn_end)
+        return step.after_tool_call_turn(episode, output, last_turn=last_turn, turn_end=self.turn_end,
+                                         regions=self.regions)
 
     def requests(self, calls: list) -> list[ToolCall]:
-        """Every valid call of every turn, flat (invalid ones are never sent)."""
-        return [ToolCall(0, call, episode.doc_id) for episode, turn in calls
-                for call in turn.calls if isinstance(call, (Search, Fetch))]
+        """Every valid call of every turn, flat (invalid ones are never sent); a crop resolved
+        against the pages its episode was shown before this turn."""
+        return [ToolCall(0, _resolved(call, episode, self.frame), episode.doc_id) for episode, turn in calls
+                for call in turn.calls if isinstance(call, _SENT)]
 
     def regroup(self, calls: list, outcomes: list) -> list:
         """The flat outcomes back per turn, in call order (None for an invalid call)."""
         flat = iter(outcomes)
-        return [[next(flat) if isinstance(call, (Search, Fetch)) else None for call in turn.calls]
+        return [[next(flat) if isinstance(call, _SENT) else None for call in turn.calls]
                 for _, turn in calls]
 
     def observe(self, observer: Observer, calls: list, outcomes: list, room: list) -> list:
@@ -117,6 +113,18 @@ class ToolCallFormat:
 
 
 FORMATS = {fmt.name: fmt for fmt in (TagFormat, ToolCallFormat)}
+_SENT = (Search, Fetch, Crop)  # the calls that reach the retriever (or its refusal of a region)
+
+
+def _resolved(action: Any, episode: Episode, frame: str) -> Any:
+    """A region action resolved against what its episode was shown (a `RegionRequest`, or the
+    `RegionError` to answer it with); other actions as they are."""
+    if not isinstance(action, Crop):
+        return action
+    try:
+        return resolve(action.page, action.box, frame, episode.doc_id, episode.shown_pages, episode.last_page_id)
+    except RegionError as error:
+        return error
 
 
 def action_format(config: Any, tokenizer: Any) -> Any:

@@ -44,6 +44,7 @@ class ObservationResult:
     bad_request: int = 0
     searches: int = 0  # executed calls (the tag format counts its one action itself)
     fetches: int = 0
+    crops: int = 0
     text_pages: list = field(default_factory=list)  # page ids of text fetches in a tool turn
 
 
@@ -126,8 +127,9 @@ class Observer:
             return _fitted(builder.error(message, budget), lambda: builder.error_overflow(message),
                            retriever_error=True, decode_errors=decode_errors)
         observation = builder.pages(images, page_ids, budget, image_slots)
-        if isinstance(action, Crop) and observation is not None and observation.images:
-            observation = dataclasses.replace(observation, is_crop=True)
+        regions = tuple(page.region for page in pages if decoded[id(page)] is not None)
+        if observation is not None and any(regions):  # the kept images are the first ones
+            observation = dataclasses.replace(observation, image_regions=regions[: observation.num_images])
         return _fitted(observation, lambda: builder.pages_overflow(images, page_ids, image_slots),
                        decode_errors=decode_errors)
 
@@ -152,7 +154,7 @@ class Observer:
                     texts_only = self._tool_observation(answers, kept, UNLIMITED, UNLIMITED, template,
                                                         counts.text_pages)
                     counts.overflow = Overflow(len(texts_only.trainer_ids),
-                                               tuple(pid for imgs, _ in answers for _, pid in imgs)
+                                               tuple(pid for imgs, _ in answers for _, pid, _ in imgs)
                                                + tuple(counts.text_pages))
                 return counts
             last = max(i for i, k in enumerate(kept) if k)
@@ -168,6 +170,7 @@ class Observer:
             return [], f"error: {outcome.message}"
         counts.searches += int(isinstance(call, Search))
         counts.fetches += int(isinstance(call, Fetch))
+        counts.crops += int(isinstance(call, Crop))
         found = outcome if isinstance(outcome, list) else [outcome]
         if not found:
             return [], NO_PAGES
@@ -175,12 +178,15 @@ class Observer:
             ids = self.builder.encode_text(found[0].contents)[: self.builder.max_text_tokens]
             counts.text_pages.append(found[0].page_id)
             return [], f"page {found[0].page_id}:\n" + self.builder.decode(ids)
-        images = [(decoded[id(p)], p.page_id) for p in found if decoded[id(p)] is not None]
+        images = [(decoded[id(p)], p.page_id, p.region) for p in found if decoded[id(p)] is not None]
         counts.decode_errors += len(found) - len(images)
         if not images:
             counts.retriever_error += 1
-            return [], "error: the page images could not be decoded."
-        return images, "pages: " + ", ".join(page_id for _, page_id in images)
+            return [], f"error: {_undecodable(call)}"
+        if isinstance(call, Crop):
+            page = found[0].page_id.rpartition("_")[2]
+            return images, f"region of page {page}: [{', '.join(f'{v:g}' for v in call.box)}]"
+        return images, "pages: " + ", ".join(page_id for _, page_id, _ in images)
 
     def _tool_observation(self, answers: list, kept: list, budget: int, image_slots: int,
                           template: Any, text_pages: Sequence[str] = ()) -> Optional[Observation]:
@@ -201,10 +207,12 @@ class Observer:
             trainer_ids.extend([pad] * next(pages)[0].num_tokens if token == pad else [token])
         if len(trainer_ids) > budget:
             return None
+        regions = tuple(region for _, _, region in images)
         return Observation(engine_ids=tuple(engine_ids), trainer_ids=tuple(trainer_ids),
-                           images=tuple(img for img, _ in images),
-                           page_ids=tuple(pid for _, pid in images) + tuple(text_pages),
-                           dropped_images=sum(len(imgs) for imgs, _ in answers) - len(images))
+                           images=tuple(img for img, _, _ in images),
+                           page_ids=tuple(pid for _, pid, _ in images) + tuple(text_pages),
+                           dropped_images=sum(len(imgs) for imgs, _ in answers) - len(images),
+                           image_regions=regions if any(regions) else ())
 
     def _decode(self, page: RetrievedPage) -> Any:
         try:

@@ -17,7 +17,9 @@ leads with the episodes (its first screen shows them, not the batch's numbers):
   it (the prompt, collapsed, then the response), sampled text (loss mask 1) and observation
   blocks (loss mask 0) styled apart, every image as a thumbnail where its image tokens sit
   (`<img class="thumb" id="img-ROW-K">`; click to enlarge, or open the link
-  `report.html#image=ROW-K`; gold pages framed), the page ids of each observation,
+  `report.html#image=ROW-K`; gold pages framed; a crop, per the batch's `image_regions`, beside
+  an unnumbered copy of its source page, the episode's latest earlier image of that page id, with
+  the box drawn: `<figure class="crop">`), the page ids of each observation,
   turns/searches/fetches, and a bar of the response budget: sampled, observation and unused
   tokens.
 
@@ -110,6 +112,12 @@ class _Episode:
         self.loss = [int(x) for x in loss[row, : self.used].tolist()]
         self.images = saved.images[row]
         self.next_image = 0
+        self.prompt_images = sum(1 for a, b in zip(self.prompt_ids, self.prompt_ids[1:])
+                                 if a == vision[VISION_START] and b == vision[IMAGE_PAD])
+        regions = saved.column("image_regions", None)[row]  # per retrieved image: None or a crop's box
+        self.regions = [] if regions is None else list(regions)
+        self.shown_pages: dict[str, int] = {}  # page id -> its latest whole-page image (a crop's source)
+        self.crops = 0
         self.reason = saved.column("termination_reason")[row]
         self.doc_id = saved.column("doc_id")[row]
         self.page_ids = saved.column("page_ids", [])[row] or []
@@ -185,10 +193,38 @@ class _Episode:
         if k >= len(self.images):
             return f'<span class="missing">[image {k}: {tokens} image tokens, no saved image]</span>'
         gold = self._gold(page_id)
+        j = k - self.prompt_images  # regions are indexed by retrieved image, the prompt's come first
+        region = self.regions[j] if 0 <= j < len(self.regions) else None
+        if region is not None:
+            return self._crop(k, page_id, tokens, [float(v) for v in region], gold)
+        if j >= 0 and page_id:
+            self.shown_pages[page_id] = k
         label = html.escape(f"image {k}: {page_id + ' · ' if page_id else ''}{'gold page · ' if gold else ''}"
                             f"{tokens} tokens")
         return (f'<figure class="page{" gold" if gold else ""}"><img class="thumb" id="img-{self.row}-{k}" '
                 f'alt="{label}" title="{label}" src="{data_uri(self.images[k])}"><figcaption>{label}</figcaption>'
+                "</figure>")
+
+    def _crop(self, k: int, page_id: str, tokens: int, box: list[float], gold: bool) -> str:
+        """Crop image k beside a copy of its source page (no `img-` id: not an image of the sequence)
+        with the box drawn over it in percentages, so it scales with the thumbnail."""
+        self.crops += 1
+        label = html.escape(f"image {k}: region of {page_id} {[round(v, 3) for v in box]} · "
+                            f"{'gold page · ' if gold else ''}{tokens} tokens")
+        crop = (f'<img class="thumb" id="img-{self.row}-{k}" alt="{label}" title="{label}" '
+                f'src="{data_uri(self.images[k])}">')
+        source = self.shown_pages.get(page_id)
+        if source is None:
+            beside = '<span class="crop-note">source page not in this episode</span>'
+        else:
+            x1, y1, x2, y2 = box
+            style = (f"left:{100 * x1:.1f}%;top:{100 * y1:.1f}%;"
+                     f"width:{100 * (x2 - x1):.1f}%;height:{100 * (y2 - y1):.1f}%")
+            what = html.escape(f"image {source}: {page_id}, the page the region was cut from")
+            beside = (f'<span class="crop-frame"><img class="crop-source" alt="{what}" title="{what}" '
+                      f'src="{data_uri(self.images[source])}" onclick="enlarge(this)">'
+                      f'<span class="crop-box" style="{style}"></span></span>')
+        return (f'<figure class="crop{" gold" if gold else ""}">{crop}{beside}<figcaption>{label}</figcaption>'
                 "</figure>")
 
     def _text_with_images(self, ids: list[int], captions: list[str]) -> str:
@@ -261,9 +297,7 @@ class _Episode:
 
     def render(self) -> str:
         saved, row = self.saved, self.row
-        prompt_images = sum(1 for a, b in zip(self.prompt_ids, self.prompt_ids[1:])
-                            if a == self.vision[VISION_START] and b == self.vision[IMAGE_PAD])
-        prompt = self._text_with_images(self.prompt_ids, ["prompt"] * prompt_images)
+        prompt = self._text_with_images(self.prompt_ids, ["prompt"] * self.prompt_images)
         response = self._response()
         counters = [(name, saved.column(f"num_{name}")[row]) for name in ("turns", "searches", "fetches")]
         facts_html = _facts([("doc", self.doc_id), ("end", self.reason), *counters, ("images", len(self.images))])
@@ -271,7 +305,8 @@ class _Episode:
         return (
             f'<section class="episode" id="ep-{row}" data-reason="{html.escape(str(self.reason))}">'
             f'<h2>episode {row}</h2>{self._head()}<div class="facts">{facts_html}</div>{self._budget_bar()}'
-            f'<details class="prompt"><summary>prompt ({len(self.prompt_ids)} tokens, {prompt_images} images)</summary>'
+            f'<details class="prompt"><summary>prompt ({len(self.prompt_ids)} tokens, {self.prompt_images} images)'
+            '</summary>'
             f'<div class="conv">{prompt}</div></details>'
             f'<div class="conv response">{response}</div></section>'
         )
@@ -313,6 +348,16 @@ img.thumb{max-height:96px;max-width:120px;border:1px solid #888;cursor:zoom-in;b
 #overlay img{max-width:95vw;max-height:95vh;background:#fff}
 .missing{color:#b00020}
 .hidden{display:none}
+"""
+
+# Only on pages with a crop, so a batch without crops renders as it did before crops existed.
+_CROP_CSS = """
+figure.crop{display:inline-block;margin:2px 4px;vertical-align:top;text-align:center}
+figure.crop figcaption{font-size:.7em;color:#555}figure.crop.gold img.thumb{border:3px solid #d9a400}
+.crop-frame{position:relative;display:inline-block;vertical-align:top;margin-left:4px;border:1px solid #888}
+img.crop-source{display:block;max-height:96px;max-width:120px;background:#fff;cursor:zoom-in}
+.crop-box{position:absolute;outline:2px solid #e6007e;pointer-events:none}
+.crop-note{font-size:.7em;color:#8a4b00;vertical-align:top;margin-left:4px}
 """
 
 _JS = """
@@ -381,7 +426,8 @@ def render(saved: SavedBatch, model_dir: Optional[str] = None, title: str = "rol
     )
     return (
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>"
+        f"<title>{html.escape(title)}</title><style>{_CSS}{_CROP_CSS if any(ep.crops for ep in episodes) else ''}"
+        "</style></head><body>"
         f"<header><h1>{html.escape(title)}</h1><p class=\"lead\">{len(saved)} episodes · "
         f"{html.escape(saved.model_family or 'model family unknown')} · <label>termination reason "
         f"<select id=\"reason-filter\" onchange=\"filterReason(this.value)\">{options}</select></label> "

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from ...core.tool_turns import TOOLS, template_with_tools
+from ...core.tool_turns import REGION_TOOLS, TOOLS, template_with_tools
 from .common import PROMPT_TOOLS_ENV, mark_patched, patch_once
 
 
@@ -36,16 +36,19 @@ def prompt_tools_template() -> Optional[dict]:
     return setting
 
 
-def give_prompts_tools(tokenizer: Any, processor: Any, chat_template_path: Optional[str] = None) -> None:
+def give_prompts_tools(tokenizer: Any, processor: Any, chat_template_path: Optional[str] = None,
+                       region_action: bool = False) -> None:
     """Make `tokenizer` and `processor` (each when it has a template) render prompts with the
-    agent's tools, from the file `chat_template_path` when given, else from their own template."""
+    agent's tools (`crop` too with `region_action`), from the file `chat_template_path` when
+    given, else from their own template."""
+    tools = REGION_TOOLS if region_action else TOOLS
     named = Path(chat_template_path).read_text(encoding="utf-8") if chat_template_path else None
     patched = 0
     for owner in (processor, tokenizer):
         template = named or getattr(owner, "chat_template", None)
         if owner is None or not isinstance(template, str):
             continue
-        owner.chat_template = template_with_tools(template, TOOLS)
+        owner.chat_template = template_with_tools(template, tools)
         patched += 1
     if not patched:
         raise ValueError("a tool_call run needs a chat template (one string) to render prompts with the "
@@ -61,7 +64,8 @@ def patch_dataset(module: Any) -> dict:
             setting = prompt_tools_template()
             if setting is not None:
                 bound = signature.bind(self, *args, **kwargs).arguments
-                give_prompts_tools(bound.get("tokenizer"), bound.get("processor"), setting.get("chat_template"))
+                give_prompts_tools(bound.get("tokenizer"), bound.get("processor"), setting.get("chat_template"),
+                                   bool(setting.get("region_action", False)))
             original(self, *args, **kwargs)
 
         return mark_patched(__init__, original)

@@ -33,7 +33,8 @@ def make_runtime_env(ppo_config: Any = None, env_vars: Optional[dict] = None) ->
         if getattr(ppo_config.worker.rollout, "action_format", "tags") == "tool_call":
             template = getattr(ppo_config.worker.rollout, "chat_template", None)
             # Ray actors may run elsewhere in the file system: the path must not be relative.
-            merged[PROMPT_TOOLS_ENV] = json.dumps({"chat_template": os.path.abspath(template) if template else None})
+            merged[PROMPT_TOOLS_ENV] = json.dumps({"chat_template": os.path.abspath(template) if template else None,
+                                                   "region_action": bool(getattr(rollout, "region_action", False))})
     # The prompt-tools setting follows the config when there is one: never inherited, so a tags
     # run started after a tool_call run in the same process gets no tool schemas.
     inherited = (AGENT_CLASS_ENV, GENERATION_KEYS_ENV) if ppo_config is not None else (

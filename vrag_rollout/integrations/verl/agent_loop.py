@@ -41,7 +41,7 @@ from typing import Any, Optional
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from ...core.episode import Episode
-from ...core.tool_turns import TOOLS
+from ...core.tool_turns import tools_for
 from ...data.prompts import expand_pads
 from ...rollout.agent import vLLMRolloutAgent
 from ...rollout import tool_batcher
@@ -166,7 +166,7 @@ class VragAgentLoop(AgentLoopBase):
         messages = row["raw_prompt"]
         images = [part["image"] for message in messages if isinstance(message.get("content"), list)
                   for part in message["content"] if isinstance(part, dict) and part.get("type") == "image"]
-        tools = {"tools": list(TOOLS)} if agent.config.action_format == "tool_call" else {}
+        tools = {"tools": list(tools_for(agent.config))} if agent.config.action_format == "tool_call" else {}
         template = Path(agent.config.chat_template).read_text(encoding="utf-8") if agent.config.chat_template else None
         text = agent.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
                                                    chat_template=template, **tools)
@@ -194,8 +194,9 @@ class VragAgentLoop(AgentLoopBase):
         images = list(episode.prompt_images) + [page.image for page in episode.images]
         extra = {"termination_reason": episode.termination, "page_ids": [list(p) for p in episode.page_ids],
                  "budget_overflow": episode.budget_overflow, "num_searches": episode.searches,
-                 "num_fetches": episode.fetches, "retriever_errors": episode.retriever_errors,
-                 "doc_id": episode.doc_id,
+                 "num_fetches": episode.fetches,
+                 "retriever_errors": episode.retriever_errors, "doc_id": episode.doc_id,
+                 "image_regions": list(episode.image_regions),
                  # how it was sampled, as the EasyR1 rollout's meta_info says it (verl keeps no
                  # batch-level meta): `vrag-rollout check` reads it from this column
                  "rollout_meta": self.rollout_meta,
