@@ -1,5 +1,5 @@
 """The region action end to end, for every family and both action formats (`region_action=True`):
-a real rollout fetches page 2 of a PDF that holds a dark mark at a known place, then asks for the
+a real rollout (in both schedules) fetches page 2 of a PDF that holds a dark mark at a known place, then asks for the
 box around the mark in the family's grounding frame (`<crop>2, [x1, y1, x2, y2]</crop>`, or the
 `crop` tool's `{"page": 2, "bbox": [...]}`; 0..1000 for Qwen2-VL and Qwen3-VL, pixels of the page
 as shown for Qwen2.5-VL), and the retriever renders the region from the PDF. Oracle: the mark's
@@ -68,7 +68,7 @@ def tool_call_regex(name, arguments):
     return re.escape("<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>")
 
 
-def roll(model, url, box, action_format="tags"):
+def roll(model, url, box, action_format="tags", rollout_mode="continuous"):
     box_text = ", ".join(map(str, box))
     if action_format == "tags":
         grammar = dict(first_turn_action_regex=re.escape("<fetch>image, 2</fetch>"),
@@ -79,7 +79,7 @@ def roll(model, url, box, action_format="tags"):
                        response_length=768)  # the shared engine's context is 2048
     with RetrieverClient(url) as client:
         agent = make_agent(model.model_dir, model.processor, model.llm, client, n=1, max_turns=3, region_action=True,
-                           action_format=action_format, **grammar)
+                           action_format=action_format, rollout_mode=rollout_mode, **grammar)
         sample = PromptSample(question="What is marked on the inspection sheet?", doc_id="sheet")
         output = agent.generate_sequences(build_prompts([sample], tokenizer=model.processor.tokenizer,
                                                         processor=model.processor, config=agent.config))
@@ -104,9 +104,11 @@ def family_rollouts(request, family_models, retriever_url):
     wrong_frame = RELATIVE_1000 if frame == ABSOLUTE else ABSOLUTE
     wrong = from_fractions(AROUND, wrong_frame, size)  # the box written in the other convention
     results = {}
-    for name, box, action_format in (("right", right, "tags"), ("wrong", wrong, "tags"),
-                                     ("tool_call", right, "tool_call")):
-        agent, output = roll(model, retriever_url, box, action_format)
+    for name, box, action_format, mode in (("right", right, "tags", "continuous"), ("wrong", wrong, "tags", "continuous"),
+                                           ("tool_call", right, "tool_call", "continuous"),
+                                           ("right_sync", right, "tags", "sync"),
+                                           ("tool_call_sync", right, "tool_call", "sync")):
+        agent, output = roll(model, retriever_url, box, action_format, mode)
         results[name] = (agent, output, box)
     return model, frame, results
 
@@ -116,7 +118,7 @@ def crops(output):
     return images[1:]  # page 2 as fetched, then the crop(s)
 
 
-@pytest.mark.parametrize("case", ["right", "tool_call"])
+@pytest.mark.parametrize("case", ["right", "tool_call", "right_sync", "tool_call_sync"])
 def test_the_familys_box_shows_the_mark_centred(family_rollouts, case):
     model, frame, results = family_rollouts
     agent, output, box = results[case]
