@@ -144,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "pages pass its end (without it, such a page stops the conversion)")
     convert.add_argument("--action-format", choices=["tags", "tool_call"], default="tags",
                          help="the instructions written into each prompt (match worker.rollout.action_format)")
+    convert.add_argument("--region-action", action="store_true",
+                         help="the instructions teach the region action too (match worker.rollout.region_action)")
     convert.add_argument("--val-out", type=Path, default=None,
                          help="also write a validation parquet here, with --val-fraction of the questions "
                               "(the rest go to --out)")
@@ -240,7 +242,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                        action_format=args.action_format, val_out=args.val_out,
                                        val_fraction=args.val_fraction if args.val_out is not None else 0.0,
                                        split_of=args.split_by, layout=args.layout,
-                                       source_format=args.source_format, documents_path=args.documents)
+                                       source_format=args.source_format, documents_path=args.documents,
+                                       region_action=args.region_action)
     return 2
 
 

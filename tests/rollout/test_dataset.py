@@ -128,6 +128,23 @@ def test_tool_call_prompts_carry_the_tool_call_instructions(tmp_path):
         dataset.convert_dataset(src, out, action_format="json")
 
 
+@pytest.mark.parametrize("action_format, taught", [("tags", "<crop>N, [x1, y1, x2, y2]</crop>"),
+                                                   ("tool_call", "Call crop to look closer")])
+def test_region_action_prompts_teach_the_region_action(tmp_path, action_format, taught):
+    from vrag_rollout.data.prompts import instructions_for
+
+    src = write_jsonl(tmp_path / "qa.jsonl", [question("q1", query="How much?")])
+    plain, regions = tmp_path / "plain.parquet", tmp_path / "regions.parquet"
+    assert cli_main(["convert-dataset", str(src), "--out", str(plain), "--action-format", action_format]) == 0
+    assert cli_main(["convert-dataset", str(src), "--out", str(regions), "--action-format", action_format,
+                     "--region-action"]) == 0
+    (without,) = pq.read_table(plain).to_pydict()["prompt"]
+    (with_regions,) = pq.read_table(regions).to_pydict()["prompt"]
+    assert taught not in without and taught in with_regions
+    assert with_regions == instructions_for(action_format, True) + "\nQuestion: How much?"
+    assert instructions_for(action_format, True).startswith(instructions_for(action_format))
+
+
 @pytest.mark.parametrize("action_format", ["tags", "tool_call"])
 def test_read_questions_gives_back_what_was_converted(tmp_path, action_format):
     from vrag_rollout.data.prompts import TOOL_CALL_INSTRUCTIONS

@@ -71,8 +71,11 @@ def test_the_demo_grammar_looks_closer_with_the_region_action(tiny_model_dir, ti
                            action_format=action_format)
         assert agent.config.action_regex and ("bbox" in agent.config.action_regex)
         assert "bbox" not in agent.config.first_turn_action_regex  # nothing shown before the first turn
-        output = agent.generate_sequences(demo_prompts(tiny_processor.tokenizer, tiny_processor,
-                                                       sample_prompts(8, with_images=False), agent.config))
+        prompts = demo_prompts(tiny_processor.tokenizer, tiny_processor, sample_prompts(8, with_images=False),
+                               agent.config)
+        taught = "<crop>N, [x1" if action_format == "tags" else "Call crop to look closer"
+        assert taught in tiny_processor.tokenizer.decode(list(prompts.non_tensor_batch["raw_prompt_ids"][0]))
+        output = agent.generate_sequences(prompts)
     assert output.meta_info["metrics"]["rollout/crops"] >= 1, output.non_tensor_batch["termination_reason"]
     regions = [region for row in output.non_tensor_batch["image_regions"] for region in row if region is not None]
     assert regions and all(0 <= v <= 1 for region in regions for v in region)

@@ -18,7 +18,8 @@ page ids. The document id is the file name's stem, the rule `vrag-retriever inde
 Output columns (one row per question, in input order; no list columns, because EasyR1's
 collate turns equal-length lists into a 2-D object array):
 - `prompt`: the agent's instructions for the action format (`vrag_rollout.data.prompts.AGENT_INSTRUCTIONS`
-  for tags, `TOOL_CALL_INSTRUCTIONS` for tool_call) and the question, as the rollout's demo
+  for tags, `TOOL_CALL_INSTRUCTIONS` for tool_call; with `region_action`, plus the region action's
+  sentence: `prompts.instructions_for`) and the question, as the rollout's demo
   prompts are written (EasyR1 builds a single user turn from it; in a tool_call run the
   integration adds the tool schemas to the system turn);
 - `answer`: a JSON object `{"answer", "doc_id", "gold_pages"}`, EasyR1's `ground_truth`, read by
@@ -71,7 +72,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, V
 from pydantic_core import PydanticCustomError
 
 from .json_numbers import SourceNumber, loads
-from .prompts import AGENT_INSTRUCTIONS, TOOL_CALL_INSTRUCTIONS
+from .prompts import AGENT_INSTRUCTIONS, TOOL_CALL_INSTRUCTIONS, instructions_for
 
 INSTRUCTIONS = {"tags": AGENT_INSTRUCTIONS, "tool_call": TOOL_CALL_INSTRUCTIONS}
 
@@ -286,7 +287,7 @@ def _set_records(source_format: str, path: Path) -> Iterator[tuple[str, Any]]:
 
 def convert_rows(path: Path, *, page_base: int = 1, documents: Optional[dict] = None,
                  drop_missing: bool = False, report: Optional[ConversionReport] = None,
-                 action_format: str = "tags", source_format: str = "vidoseek") -> dict:
+                 action_format: str = "tags", source_format: str = "vidoseek", region_action: bool = False) -> dict:
     """Column lists for the parquet; `documents` ({doc_id: num_pages}) enables the index report;
     `source_format` names the input's layout (see the module docstring)."""
     if page_base not in (0, 1):
@@ -329,7 +330,7 @@ def convert_rows(path: Path, *, page_base: int = 1, documents: Optional[dict] = 
         if source is not None:
             truth["answerable"] = bool(question.model_extra["answerable"])
             report.unanswerable += not truth["answerable"]
-        columns["prompt"].append(make_prompt(question.query, INSTRUCTIONS[action_format]))
+        columns["prompt"].append(make_prompt(question.query, instructions_for(action_format, region_action)))
         columns["answer"].append(json.dumps(truth, ensure_ascii=False))
         columns["doc_id"].append(doc_id)
         columns["gold_pages"].append(json.dumps(pages))
@@ -368,7 +369,8 @@ def index_documents(index_dir: Path) -> dict:
 def convert_dataset(source: Path, out: Path, *, index_dir: Optional[Path] = None, page_base: int = 1,
                     drop_missing: bool = False, action_format: str = "tags", val_out: Optional[Path] = None,
                     val_fraction: float = 0.0, split_of: str = "question", layout: str = "easyr1",
-                    data_source: str = "vrag", source_format: str = "vidoseek") -> ConversionReport:
+                    data_source: str = "vrag", source_format: str = "vidoseek",
+                    region_action: bool = False) -> ConversionReport:
     """Write `out` (parquet), and `val_out` with `val_fraction` of the rows, from `source` (in the
     `source_format` layout); returns the report (see the module docstring)."""
     if layout not in LAYOUTS:
@@ -385,7 +387,7 @@ def convert_dataset(source: Path, out: Path, *, index_dir: Optional[Path] = None
     documents = index_documents(index_dir) if index_dir is not None else None
     columns = convert_rows(Path(source), page_base=page_base, documents=documents,
                            drop_missing=drop_missing, report=report, action_format=action_format,
-                           source_format=source_format)
+                           source_format=source_format, region_action=region_action)
     write = _write_parquet if layout == "easyr1" else (lambda cols, path: _write_verl(cols, path, data_source))
     if val_out is None:
         write(columns, Path(out))
@@ -481,7 +483,8 @@ def convert_dataset_command(source: Path, out: Path, *, index_dir: Optional[Path
                             report_path: Optional[Path] = None, page_base: int = 1,
                             drop_missing: bool = False, action_format: str = "tags", val_out: Optional[Path] = None,
                             val_fraction: float = 0.0, split_of: str = "question", layout: str = "easyr1",
-                            source_format: str = "vidoseek", documents_path: Optional[Path] = None) -> int:
+                            source_format: str = "vidoseek", documents_path: Optional[Path] = None,
+                            region_action: bool = False) -> int:
     """The CLI: convert, print a summary (and the report as JSON with `report_path`, the documents
     the index must hold as JSON with `documents_path`); 2 on bad input."""
     import sys
@@ -489,7 +492,8 @@ def convert_dataset_command(source: Path, out: Path, *, index_dir: Optional[Path
     try:
         report = convert_dataset(source, out, index_dir=index_dir, page_base=page_base, drop_missing=drop_missing,
                                  action_format=action_format, val_out=val_out, val_fraction=val_fraction,
-                                 split_of=split_of, layout=layout, source_format=source_format)
+                                 split_of=split_of, layout=layout, source_format=source_format,
+                                 region_action=region_action)
         if documents_path is not None:
             from .sources import SourceError, list_documents
 

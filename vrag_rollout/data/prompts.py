@@ -44,6 +44,18 @@ TOOL_CALL_INSTRUCTIONS = (
     "to read one page (pages start at 1). Think inside <think></think> and give the final answer, "
     "without a tool call, inside <answer></answer>."
 )
+# With the region action (`region_action=True`), one more sentence per format.
+REGION_INSTRUCTIONS = {
+    "tags": " To look closer at a region of a page shown as an image write <crop>N, [x1, y1, x2, y2]</crop> "
+            "(the box in your grounding coordinates on that image); the region comes back enlarged.",
+    "tool_call": " Call crop to look closer at a region of a page shown as an image.",
+}
+
+
+def instructions_for(action_format: str, region_action: bool = False) -> str:
+    """The default instructions of an action format, with the region action's when it is on."""
+    base = {"tags": AGENT_INSTRUCTIONS, "tool_call": TOOL_CALL_INSTRUCTIONS}[action_format]
+    return base + REGION_INSTRUCTIONS[action_format] if region_action else base
 
 
 def render_prompt(tokenizer: Any, sample: PromptSample, tools: Optional[Sequence[dict]] = None,
@@ -116,7 +128,8 @@ def build_prompts(samples: Sequence[PromptSample], *, tokenizer: Any, processor:
     """The prompt batch of `samples` for `config` (an `AgentRolloutConfig`; see the module docstring).
 
     A sample that keeps the default instructions (`AGENT_INSTRUCTIONS`, the tags format's) is
-    given `TOOL_CALL_INSTRUCTIONS` in the native format; other instructions are used as they are."""
+    given its format's (`instructions_for`: `TOOL_CALL_INSTRUCTIONS` in the native format, and the
+    region action's sentence with `region_action`); other instructions are used as they are."""
     from dataclasses import replace
     from pathlib import Path
 
@@ -125,9 +138,9 @@ def build_prompts(samples: Sequence[PromptSample], *, tokenizer: Any, processor:
     if not samples:
         raise ValueError("build_prompts: no samples")
     tool_call = config.action_format == "tool_call"
-    if tool_call:
-        samples = [replace(sample, instructions=TOOL_CALL_INSTRUCTIONS)
-                   if sample.instructions == AGENT_INSTRUCTIONS else sample for sample in samples]
+    default = instructions_for(config.action_format, bool(getattr(config, "region_action", False)))
+    samples = [replace(sample, instructions=default) if sample.instructions == AGENT_INSTRUCTIONS else sample
+               for sample in samples]
     template = Path(config.chat_template).read_text(encoding="utf-8") if tool_call and config.chat_template else None
     return build_prompt_batch(tokenizer, processor, samples, config.prompt_length, doc_id_key=config.doc_id_key,
                               position_rows=3 if config.position_ids_layout == "3" else 4,
