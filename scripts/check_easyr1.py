@@ -491,11 +491,12 @@ def main() -> int:
 
         batch, gen_batch = trainer_batch("u")
         if native:
-            from vrag_rollout.core.tool_turns import TOOLS, ToolTurnTemplate
+            from vrag_rollout.core.tool_turns import ToolTurnTemplate, tools_for
 
             prompt_ids = list(gen_batch.non_tensor_batch["raw_prompt_ids"][0])
             shown = tokenizer.decode(prompt_ids, skip_special_tokens=False)
-            missing = ToolTurnTemplate(AutoTokenizer.from_pretrained(model_dir), TOOLS).missing_tools(shown)
+            missing = ToolTurnTemplate(AutoTokenizer.from_pretrained(model_dir),
+                                       tools_for(config.worker.rollout)).missing_tools(shown)
             if missing:
                 raise AssertionError(f"EasyR1's dataset prompt lacks the schemas of {missing}")
             print(f"  dataset prompts carry the tool schemas ({len(prompt_ids)} prompt tokens)", flush=True)

@@ -144,3 +144,20 @@ def test_a_box_in_the_other_frame_misses_the_mark(family_rollouts):
     shown = crops(output)
     centre = mark_centre(shown[0]) if shown else None
     assert centre is None or abs(centre[0] - 0.5) > 0.1 or abs(centre[1] - 0.5) > 0.1, (model.family, box, centre)
+
+
+def test_check_catches_a_crop_result_in_the_loss_mask(family_rollouts):
+    """Planted defect: the observation answering the crop put into the loss mask; the sampled
+    run then goes on after `</crop>`, a stop of a region batch, and `check` says so."""
+    model, _, results = family_rollouts
+    agent, output, _ = results["right"]
+    saved = from_dataproto(output, processor=model.processor, model_path=model.model_dir, config=agent.config)
+    loss = saved.tensors["loss_mask"][0]
+    used = int(saved.tensors["attention_mask"][0, saved.tensors["prompts"].shape[1]:].sum())
+    flags = loss[:used].tolist()
+    blocks = [i for i in range(1, used) if flags[i] == 0 and flags[i - 1] == 1]  # masked blocks' starts
+    crop_block = blocks[1]  # the page as fetched, then the crop
+    end = next((i for i in range(crop_block, used) if flags[i] == 1), used)
+    loss[crop_block:end] = 1
+    report = check_batch(saved, model.model_dir)
+    assert any(f.check == "observations" and "</crop>" in f.message for f in report.failures), report.human()

@@ -151,4 +151,5 @@ def episode_columns(
         "num_turns": np.array([ep.turns for ep in episodes], dtype=np.int64),
         "num_searches": np.array([ep.searches for ep in episodes], dtype=np.int64),
         "num_fetches": np.array([ep.fetches for ep in episodes], dtype=np.int64),
+        "num_crops": np.array([ep.crops for ep in episodes], dtype=np.int64),
     }

@@ -97,9 +97,10 @@ class ToolCallFormat:
 
     def requests(self, calls: list) -> list[ToolCall]:
         """Every valid call of every turn, flat (invalid ones are never sent); a crop resolved
-        against the pages its episode was shown before this turn."""
-        return [ToolCall(0, _resolved(call, episode, self.frame), episode.doc_id) for episode, turn in calls
-                for call in turn.calls if isinstance(call, _SENT)]
+        against the pages its episode was shown before this turn (the turn's own results come
+        back together, after it)."""
+        return [ToolCall(0, _resolved(call, episode, self.frame, turn.calls[:k]), episode.doc_id)
+                for episode, turn in calls for k, call in enumerate(turn.calls) if isinstance(call, _SENT)]
 
     def regroup(self, calls: list, outcomes: list) -> list:
         """The flat outcomes back per turn, in call order (None for an invalid call)."""
@@ -116,14 +117,17 @@ FORMATS = {fmt.name: fmt for fmt in (TagFormat, ToolCallFormat)}
 _SENT = (Search, Fetch, Crop)  # the calls that reach the retriever (or its refusal of a region)
 
 
-def _resolved(action: Any, episode: Episode, frame: str) -> Any:
+def _resolved(action: Any, episode: Episode, frame: str, earlier_calls: Sequence[Any] = ()) -> Any:
     """A region action resolved against what its episode was shown (a `RegionRequest`, or the
-    `RegionError` to answer it with); other actions as they are."""
+    `RegionError` to answer it with); other actions as they are. `earlier_calls`: the calls
+    before it in the same turn, whose pages it cannot use yet (the error says so)."""
     if not isinstance(action, Crop):
         return action
     try:
         return resolve(action.page, action.box, frame, episode.doc_id, episode.shown_pages, episode.last_page_id)
     except RegionError as error:
+        if any(isinstance(c, Search) or (isinstance(c, Fetch) and c.modality == "image") for c in earlier_calls):
+            return RegionError(f"{error}; a page this turn's own calls show can be cropped from the next turn on")
         return error
 
 

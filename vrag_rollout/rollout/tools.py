@@ -127,9 +127,10 @@ class Observer:
             return _fitted(builder.error(message, budget), lambda: builder.error_overflow(message),
                            retriever_error=True, decode_errors=decode_errors)
         observation = builder.pages(images, page_ids, budget, image_slots)
-        regions = tuple(page.region for page in pages if decoded[id(page)] is not None)
-        if observation is not None and any(regions):  # the kept images are the first ones
-            observation = dataclasses.replace(observation, image_regions=regions[: observation.num_images])
+        region_of = {id(decoded[id(page)]): page.region for page in pages if decoded[id(page)] is not None}
+        if observation is not None and any(region_of.values()):  # the builder may leave pages out
+            observation = dataclasses.replace(
+                observation, image_regions=tuple(region_of[id(image)] for image in observation.images))
         return _fitted(observation, lambda: builder.pages_overflow(images, page_ids, image_slots),
                        decode_errors=decode_errors)
 

@@ -19,8 +19,8 @@ reading the format are one contract, kept side by side under this specification.
   `{"bytes": ...}` dict or a path, else lossless PNG (so the pixels, and the grids, are exact).
 - `image_key`: the trainer's key for them, "images" (current EasyR1) or "image" (v0.3).
 - `columns`: the other non-tensor columns as plain lists: `doc_id`, `page_ids` (per observation,
-  its page ids), `termination_reason`, `num_turns`, `num_searches`, `num_fetches`, and any other
-  column made of plain values (`uid`, `ground_truth`, ...).
+  its page ids), `termination_reason`, `num_turns`, `num_searches`, `num_fetches`, `num_crops`, and
+  any other column made of plain values (`uid`, `ground_truth`, ...).
 - `metrics` (`meta_info["metrics"]`), `config` (the rollout config as a dict), `meta` (the other
   plain `meta_info` entries).
 - `model_family`: the model config's `model_type` (`qwen2_vl`, `qwen2_5_vl`, `qwen3_vl`), from the

@@ -300,6 +300,8 @@ class _Episode:
         prompt = self._text_with_images(self.prompt_ids, ["prompt"] * self.prompt_images)
         response = self._response()
         counters = [(name, saved.column(f"num_{name}")[row]) for name in ("turns", "searches", "fetches")]
+        if saved.column("num_crops", 0)[row]:  # only where the region action was used
+            counters.append(("crops", saved.column("num_crops")[row]))
         facts_html = _facts([("doc", self.doc_id), ("end", self.reason), *counters, ("images", len(self.images))])
         facts_html += f' <span class="fact"><b>pages</b> {self.pages_html()}</span>'
         return (

@@ -194,7 +194,7 @@ class VragAgentLoop(AgentLoopBase):
         images = list(episode.prompt_images) + [page.image for page in episode.images]
         extra = {"termination_reason": episode.termination, "page_ids": [list(p) for p in episode.page_ids],
                  "budget_overflow": episode.budget_overflow, "num_searches": episode.searches,
-                 "num_fetches": episode.fetches,
+                 "num_fetches": episode.fetches, "num_crops": episode.crops,
                  "retriever_errors": episode.retriever_errors, "doc_id": episode.doc_id,
                  "image_regions": list(episode.image_regions),
                  # how it was sampled, as the EasyR1 rollout's meta_info says it (verl keeps no

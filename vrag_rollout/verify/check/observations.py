@@ -17,6 +17,7 @@ from .report import Failure
 from .rows import Row
 
 TOOL_CLOSE_TAGS = ("</search>", "</fetch>")
+REGION_CLOSE_TAGS = ("</crop>", "</bbox>")  # stops too, in a batch rolled out with the region action
 RESULT_OPEN, RESULT_CLOSE = "<result>", "</result>"
 
 
@@ -50,7 +51,7 @@ def check_native_observations(row: Row, oracle: ModelOracle) -> list[Failure]:
     return fails
 
 
-def check_observations(row: Row, oracle: ModelOracle) -> list[Failure]:
+def check_observations(row: Row, oracle: ModelOracle, regions: bool = False) -> list[Failure]:
     s, P = row.index, row.prompt_len
     used = int(row.real.sum())
     tokens, flags = row.responses[:used].tolist(), row.loss[:used].long().tolist()
@@ -71,7 +72,7 @@ def check_observations(row: Row, oracle: ModelOracle) -> list[Failure]:
             continue
         run = tokens[start:end]
         text = decode(run)
-        for tag in TOOL_CLOSE_TAGS:
+        for tag in TOOL_CLOSE_TAGS + (REGION_CLOSE_TAGS if regions else ()):
             if tag not in text:
                 continue
             lo, hi = 1, len(run)  # smallest prefix whose text holds the tag

@@ -72,7 +72,10 @@ def check_batch(saved: SavedBatch, model_dir: str | Path, *, forward: bool = Fal
             report.failures += check_positions(row, grids, oracle)
         else:
             skipped_positions.append(row.index)
-        report.failures += (check_native_observations if native else check_observations)(row, oracle)
+        if native:
+            report.failures += check_native_observations(row, oracle)
+        else:
+            report.failures += check_observations(row, oracle, regions=bool((saved.config or {}).get("region_action")))
         report.failures += check_turns(row, turn_ids[row.index] if turn_ids is not None else None)
     if skipped_positions:
         report.notes.append(f"mrope positions not compared for samples {skipped_positions}: "
