@@ -44,6 +44,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 GAP_LIMIT = 1e-3
@@ -189,12 +190,22 @@ def worker_shims() -> None:
 # ------------------------------------------------------------------------------------------
 # stages
 # ------------------------------------------------------------------------------------------
-def make_dataset(work: Path, index_dir: Path, action_format: str, task: bool = False) -> Path:
+def make_dataset(work: Path, index_dir: Path, action_format: str, task: bool = False,
+                 data: Optional[Path] = None, source_format: str = "vidoseek") -> Path:
     """Questions about the sample corpus; with `task`, only the find-the-page task's (evidence on
-    page 3 of each document) with the task's instructions in their prompts."""
+    page 3 of each document) with the task's instructions in their prompts; with `data`, that
+    file (in `source_format`'s layout, about the sample corpus documents) converted instead."""
     from retriever_server.sample_corpus import SAMPLE_FACTS
     from vrag_rollout.data.dataset import convert_dataset, make_prompt
     from vrag_rollout.devkit.learn_task import TASK_INSTRUCTIONS, TOOL_CALL_TASK_INSTRUCTIONS, task_facts
+
+    if data is not None:
+        out = work / "train.parquet"
+        report = convert_dataset(data, out, index_dir=index_dir, action_format=action_format,
+                                 source_format=source_format)
+        if report.missing_documents or report.pages_out_of_range or not report.written:
+            raise RuntimeError(f"{data} does not fit the sample index: {report.to_dict()}")
+        return out
 
     facts = [(fact, (doc, page)) for fact, doc, page in task_facts()] if task else sorted(SAMPLE_FACTS.items())
     rows = []
@@ -390,7 +401,15 @@ def main() -> int:
                         help="then run this many GRPO steps through EasyR1 on the find-the-page task (0: none)")
     parser.add_argument("--lr", type=float, default=1e-3,
                         help="the actor's learning rate for --steps (EasyR1's 1e-6 barely moves the tiny model)")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="a question file about the sample corpus documents, in the --from layout, converted "
+                             "by convert-dataset instead of the script's own questions (not with --steps)")
+    parser.add_argument("--from", dest="source_format", default="vidoseek",
+                        choices=["vidoseek", "slidevqa", "mmlongbench-doc", "mmdocir", "longdocurl"],
+                        help="the layout of --data (a public set's released format)")
     args = parser.parse_args()
+    if args.data is not None and args.steps:
+        parser.error("--data is for the one-step path; --steps trains on the find-the-page task's own questions")
 
     sys.path[:0] = [str(p) for p in (args.deps, args.easyr1) if p is not None] + [str(REPO)]
     if args.steps:  # checked once the extras are on the path: transformers looks for them once
@@ -430,7 +449,8 @@ def main() -> int:
     with serve_in_thread(index_dir) as url:
         # ---- 1. data ----
         started = time.perf_counter()
-        parquet = make_dataset(work, index_dir, args.action_format, task=args.steps > 0)
+        parquet = make_dataset(work, index_dir, args.action_format, task=args.steps > 0, data=args.data,
+                               source_format=args.source_format)
         factor = 32 if args.family == "qwen3-vl" else 28
         native = args.action_format == "tool_call"
         config = glue.load_ppo_config([
