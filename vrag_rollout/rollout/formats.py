@@ -49,10 +49,8 @@ class TagFormat:
                                      observations=observations, regions=self.regions)
 
     def requests(self, calls: list) -> list[ToolCall]:
-        return [ToolCall(i, self._request(episode, action), episode.doc_id) for i, (episode, action) in enumerate(calls)]
-
-    def _request(self, episode: Episode, action: Any) -> Any:
-        return _resolved(action, episode, self.frame)
+        return [ToolCall(i, _resolved(action, episode, self.frame), episode.doc_id)
+                for i, (episode, action) in enumerate(calls)]
 
     def regroup(self, calls: list, outcomes: list) -> list:
         return outcomes
