@@ -23,9 +23,11 @@ each engine step costing `--step-ms` whatever the batch. Its episodes must equal
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -46,14 +48,20 @@ TARGET_OVERHEAD = 0.05
 
 
 class LatentRetriever:
-    """Recorded answers after 100-400 ms (triangular, mode 150 ms: median about 200 ms)."""
+    """Recorded answers after 100-400 ms (triangular, mode 150 ms: median about 200 ms).
 
-    def __init__(self, seed: int):
+    `slots`: how many requests the retriever serves at once (None: any number); a request
+    waits for a free slot, then holds it for its latency, as a server with bounded admission
+    (the project's server serves `AdmissionLimits.max_in_flight` = 2 at once by default)."""
+
+    def __init__(self, seed: int, slots: int | None = None):
         self.inner, self.rng = FixtureTransport.load(FIXTURE), random.Random(seed)
+        self.slots = threading.Semaphore(slots) if slots else contextlib.nullcontext()
 
     def post(self, path, body, timeout):
-        time.sleep(self.rng.triangular(0.1, 0.4, 0.15))
-        return self.inner.post(path, body, timeout)
+        with self.slots:
+            time.sleep(self.rng.triangular(0.1, 0.4, 0.15))
+            return self.inner.post(path, body, timeout)
 
     def get(self, path, timeout):
         return self.inner.get(path, timeout)

@@ -16,7 +16,8 @@ long tail: each sample (by its row index) gets a number of turns from 1 to --max
 short, a few long, `planned_turns`) and a think length per turn, which a per-sample grammar makes
 the random tiny model follow: one tool call (`search` or `fetch`, as the chat template writes
 it) per turn until its last, then an answer. The retriever is `LatentRetriever` (recorded
-answers after 100-400 ms). The grammar, the per-(sample, turn) seed (`request_seed`, which
+answers after 100-400 ms), serving any number of requests at once, or `--retriever-slots` at once
+(the project's server admits 2 by default; `--retriever-concurrency` sets both loops' clients). The grammar, the per-(sample, turn) seed (`request_seed`, which
 `vrag_agent` sets itself; verl's loop sends none, so it is added) and a ban of the second EOS
 `<|endoftext|>` (a turn ends with the chat template's `<|im_end|>`) are applied per request by
 the harness's server wrapper, identically for both loops; the server also masks the vision
@@ -34,10 +35,16 @@ DataProto. verl's `_postprocess` keeps no images, so the harness copies each tra
 `multi_modal_data` into its `extra_fields` (our loop already does) for `check` to read, and
 tells `check` the batch is in the tool-call format (our loop records it in `rollout_meta`).
 
+Also printed, per loop, its critical path: the trajectory that spent longest awaiting the engine
+and its tool results, and those two times. They are spent whatever the loop, so a loop costing
+nothing of its own would take at least that long on these tokens, engine and retriever: wall
+divided by that sum bounds what any loop could gain over the one measured.
+
 Targets: vrag_agent at least 1.3x faster than tool_agent; zero check failures for vrag_agent
 (verl's are reported as found).
 
     .venv/bin/python scripts/bench_verl.py [--prompts 8] [--n 2] [--max-turns 4] [--repeats 3] [--warmup 1]
+        [--retriever-slots 0] [--retriever-concurrency 8]
 """
 
 from __future__ import annotations
@@ -94,6 +101,7 @@ class PlannedServer:
         self.server, self.plan, self.seed_of, self.banned = server, plan, seed_of, banned
         self.turns: Counter = Counter()
         self.tokens: dict = {}
+        self.spent: Counter = Counter()  # (loop, "engine" | "tools", sample) -> seconds awaited
         self.seed_mismatch = 0
         self.loop_name = None
 
@@ -111,10 +119,33 @@ class PlannedServer:
             self.seed_mismatch += 1
         params.setdefault("seed", seed)
         params["logit_bias"] = {**self.banned, **(params.get("logit_bias") or {})}
+        started = time.perf_counter()
         answer = await self.server.generate(request_id, prompt_ids=prompt_ids, sampling_params=params,
                                             image_data=image_data, **kwargs)
+        self.spent[(self.loop_name, "engine", sample)] += time.perf_counter() - started
         self.tokens[(self.loop_name, sample, turn)] = tuple(answer.token_ids)
         return answer
+
+    def timed(self, call: Any) -> Any:
+        """`call` (a coroutine function a trajectory awaits for its tool results), its time recorded."""
+
+        async def timed_call(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return await call(*args, **kwargs)
+            finally:
+                self.spent[(self.loop_name, "tools", SAMPLE.get())] += time.perf_counter() - started
+
+        return timed_call
+
+
+def critical_path(spent: Counter, loop: str) -> tuple[float, float]:
+    """The trajectory that awaited the engine and its tools longest: (engine s, tools s). A loop
+    that spent nothing of its own would still take this long, so wall / (engine + tools) bounds
+    what any loop could gain on these tokens, engine and retriever."""
+    samples = {key[2] for key in spent if key[0] == loop}
+    longest = max(samples, key=lambda s: spent[(loop, "engine", s)] + spent[(loop, "tools", s)])
+    return spent[(loop, "engine", longest)], spent[(loop, "tools", longest)]
 
 
 def workload(think_lengths, max_turns: int):
@@ -157,6 +188,10 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1, help="untimed passes of each loop first")
     parser.add_argument("--family", default="qwen2-vl")
+    parser.add_argument("--retriever-slots", type=int, default=0,
+                        help="requests the retriever serves at once (0: any number, as bench_schedules.py)")
+    parser.add_argument("--retriever-concurrency", type=int, default=8,
+                        help="each loop's client: requests in flight at once")
     parser.add_argument("--think-lengths", type=lambda text: tuple(int(x) for x in text.split(",")), default=None,
                         help="characters of thought per turn, one picked per turn (default: bench_schedules')")
     args = parser.parse_args()
@@ -169,7 +204,7 @@ async def run(args: argparse.Namespace) -> int:
 
     import verl
     import vllm
-    from bench_schedules import FIXTURE, THINK_LENGTHS, LatentRetriever, planned_turns
+    from bench_schedules import THINK_LENGTHS, LatentRetriever, planned_turns
     from verl.experimental.agent_loop import tool_agent_loop  # noqa: F401 - registers tool_agent
     from vrag_rollout.devkit.demo import demo_config, demo_model, demo_page_band, demo_questions
     from vrag_rollout.engine.async_token_server import AsyncTokenServer
@@ -178,6 +213,7 @@ async def run(args: argparse.Namespace) -> int:
     from vrag_rollout.integrations.verl import agent_loop
     from vrag_rollout.integrations.verl.local import local_worker, prompt_rows
     from vrag_rollout.integrations.verl.peer_tools import FetchTool, SearchTool
+    from vrag_rollout.rollout import tool_batcher
     from vrag_rollout.retrieval.client import RetrieverClient
     from vrag_rollout.retrieval.fixtures import FixtureTransport
     from vrag_rollout.verify.check import check_batch
@@ -189,7 +225,8 @@ async def run(args: argparse.Namespace) -> int:
     processor = AutoProcessor.from_pretrained(model_dir)
     tokenizer = processor.tokenizer
     config = demo_config(**demo_page_band(processor), action_format="tool_call", n=1, max_turns=args.max_turns,
-                         response_length=1536, max_images_per_sample=16, retriever_max_concurrency=8,
+                         response_length=1536, max_images_per_sample=16,
+                         retriever_max_concurrency=args.retriever_concurrency,
                          action_regex=None, retriever_url="http://bench.invalid")
     vision = [tokenizer.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|video_pad|>")]
     server = AsyncTokenServer.build(str(model_dir), config, config.images_per_sample(), image_pad=vision[0],
@@ -200,13 +237,10 @@ async def run(args: argparse.Namespace) -> int:
                             {tokenizer.convert_tokens_to_ids("<|endoftext|>"): BANNED_LOGIT_BIAS})
 
     # one latent retriever per loop, same seed per run; separate clients so each loop's stats are its own
-    fixture = FixtureTransport.load(FIXTURE)
     transports = {}
     clients = {}
     for name in LOOPS:
-        latent = LatentRetriever.__new__(LatentRetriever)
-        latent.inner, latent.rng = fixture, random.Random(0)
-        transports[name] = RecordingTransport(latent)
+        transports[name] = RecordingTransport(LatentRetriever(0, slots=args.retriever_slots or None))
         clients[name] = RetrieverClient(None, transport=transports[name], max_concurrency=config.retriever_max_concurrency)
 
     class BenchAgent(agent_loop.vLLMRolloutAgent):
@@ -231,6 +265,9 @@ async def run(args: argparse.Namespace) -> int:
     tool_config["band"] = page_band(processor, config.page_min_pixels, config.page_max_pixels)
     with contextlib.redirect_stdout(io.StringIO()):  # BaseTool prints its schema
         worker.tools = [SearchTool(tool_config, None), FetchTool(tool_config, None)]
+    for tool in worker.tools:  # tool_agent awaits each call's execute; vrag_agent awaits its batcher
+        tool.execute = planned.timed(tool.execute)
+    tool_batcher.ToolBatcher.execute = planned.timed(tool_batcher.ToolBatcher.execute)
 
     original_run, original_post = worker._run_agent_loop, worker._agent_loop_postprocess
 
@@ -278,6 +315,7 @@ async def run(args: argparse.Namespace) -> int:
             transports[name].reset(repeat)
             clients[name].stats.reset()
             planned.loop_name, planned.turns = name, Counter()
+            planned.spent = Counter()
             calls0, frontend0, core0 = server.calls, server.frontend_cpu_s or 0.0, cpu_of(core_pids)
             server.max_in_flight = 0
             cpu0, started = time.process_time(), time.perf_counter()
@@ -288,7 +326,8 @@ async def run(args: argparse.Namespace) -> int:
             results[name].append({
                 "wall": wall, "cpu": cpu, "frontend": frontend, "core": cpu_of(core_pids) - core0, "turns": turns,
                 "in_flight": server.max_in_flight, "stats": clients[name].stats.snapshot(),
-                "sizes": Counter(transports[name].sizes), "batch": batch})
+                "sizes": Counter(transports[name].sizes), "batch": batch,
+                "critical": critical_path(planned.spent, name)})
 
     # ---- report ----
     print(f"verl {verl.__version__}, vllm {vllm.__version__}, {family} tiny model, {args.prompts} prompts x n={args.n} "
@@ -312,6 +351,14 @@ async def run(args: argparse.Namespace) -> int:
               f"{int(last['stats']['calls']):>11} {int(last['stats']['items']):>6} "
               f"{' '.join(f'{k}x{v}' for k, v in sorted(sizes.items())):<20}")
         print(f"{'':<11} wall per repeat: " + ", ".join(f"{r['wall']:.2f}" for r in runs))
+    print("critical path (the trajectory awaiting engine + tools longest; median over passes):")
+    for name in LOOPS:
+        runs = results[name]
+        engine = statistics.median(r["critical"][0] for r in runs)
+        tools = statistics.median(r["critical"][1] for r in runs)
+        ceiling = statistics.median(r["wall"] / sum(r["critical"]) for r in runs)
+        print(f"  {name:<11} engine {engine:.2f} s + tools {tools:.2f} s of {walls[name]:.2f} s wall: a loop with no "
+              f"cost of its own would be at most {ceiling:.2f}x faster than {name} here")
     speedup = walls["tool_agent"] / walls["vrag_agent"]
     paired = [b["wall"] / a["wall"] for a, b in zip(results["vrag_agent"], results["tool_agent"])]
     best = min(r["wall"] for r in results["tool_agent"]) / min(r["wall"] for r in results["vrag_agent"])

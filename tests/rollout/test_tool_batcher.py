@@ -1,6 +1,6 @@
 """`rollout/tool_batcher.py`: concurrent coroutines' tool calls leave in shared batches, each gets
-its own results, a batch's failure reaches only that batch's callers, and no call waits while no
-batch is out. (The real path, verl's worker with the batcher on, is in
+its own results, a batch's failure reaches only that batch's callers, never more than `width`
+batches are out, and no call waits while fewer than `width` are out. (The real path, verl's worker with the batcher on, is in
 tests/integrations/test_verl_agent_loop.py: its episodes equal the EasyR1 rollout's.)"""
 
 from __future__ import annotations
@@ -20,11 +20,19 @@ class SlowTools:
 
     def __init__(self, seconds: float):
         self.seconds, self.batches, self.threads = seconds, [], set()
+        self.lock, self.out, self.most_out = threading.Lock(), 0, 0
 
     def __call__(self, calls: list) -> list:
-        self.batches.append(list(calls))
-        self.threads.add(threading.get_ident())
-        time.sleep(self.seconds)
+        with self.lock:
+            self.batches.append(list(calls))
+            self.threads.add(threading.get_ident())
+            self.out += 1
+            self.most_out = max(self.most_out, self.out)
+        try:
+            time.sleep(self.seconds)
+        finally:
+            with self.lock:
+                self.out -= 1
         if "boom" in calls:
             raise TimeoutError("the retriever batch passed its deadline")
         return [f"result of {call}" for call in calls]
@@ -78,3 +86,54 @@ def test_a_lone_call_goes_at_once_and_each_loop_has_its_own_batcher():
     assert result == ["result of solo"] and seconds < 0.5
     _, _, other = asyncio.run(main())
     assert other is not one
+
+
+def test_with_room_for_two_batches_a_call_goes_at_once_and_the_rest_wait_for_a_free_one():
+    tools = SlowTools(0.3)
+
+    async def main():
+        batcher = ToolBatcher(tools, width=2)
+        started = time.perf_counter()
+        first = asyncio.create_task(batcher.execute(["a"]))
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(batcher.execute(["b"]))  # one batch out: room for this one
+        await asyncio.sleep(0.05)
+        rest = [asyncio.create_task(batcher.execute([f"c{k}"])) for k in range(4)]  # two out: they wait
+        second_done = await second
+        second_s = time.perf_counter() - started
+        return await first, second_done, second_s, await asyncio.gather(*rest), batcher
+
+    first, second, second_s, rest, batcher = asyncio.run(main())
+    assert first == ["result of a"] and second == ["result of b"]
+    assert rest == [[f"result of c{k}"] for k in range(4)]
+    assert batcher.batches == [1, 1, 4] == [len(batch) for batch in tools.batches]
+    assert second_s < 0.3 + 0.05 + 0.2  # "b" did not wait for "a" (that would be past 0.6 s)
+    assert tools.most_out == 2
+
+
+def test_calls_of_one_turn_of_the_loop_share_a_batch_and_no_more_than_width_are_ever_out():
+    tools = SlowTools(0.05)
+
+    async def main():
+        batcher = ToolBatcher(tools, width=3)
+        same_turn = await asyncio.gather(*[batcher.execute([f"s{k}"]) for k in range(5)])
+
+        async def trajectory(k: int):  # calls staggered over time: batches of one while room lasts
+            for turn in range(4):
+                await asyncio.sleep(0.01 * ((k + turn) % 3))
+                assert await batcher.execute([f"t{k}.{turn}"]) == [f"result of t{k}.{turn}"]
+
+        await asyncio.gather(*[trajectory(k) for k in range(12)])
+        return same_turn, batcher
+
+    same_turn, batcher = asyncio.run(main())
+    assert same_turn == [[f"result of s{k}"] for k in range(5)]
+    assert batcher.batches[0] == 5  # made in one turn of the loop: one batch
+    assert sum(batcher.batches) == 5 + 12 * 4
+    assert tools.most_out <= 3 and tools.most_out >= 2  # room used, never exceeded
+    assert max(batcher.batches[1:]) > 1  # under load, waiting calls merged
+
+
+def test_a_width_below_one_is_refused():
+    with pytest.raises(ValueError, match="width >= 1"):
+        ToolBatcher(SlowTools(0.0), width=0)

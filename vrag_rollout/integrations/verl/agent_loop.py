@@ -19,9 +19,10 @@ Configuration: the loop's entry in verl's `agent_loop_config_path` file, whose k
 trainer's `actor_rollout_ref.model.path`). Lengths, temperature, top_p, top_k and
 `calculate_log_probs` come from verl's rollout config, so the two never disagree.
 
-Tool calls: the calls of trajectories that arrive while a retriever batch is out leave together
-as the next batch (`rollout.tool_batcher`; `merge_tool_calls: false` in the loop's entry sends
-each trajectory's calls on their own, as verl's own tool loop does).
+Tool calls: up to `retriever_max_concurrency` retriever batches are out at once; the calls of
+trajectories that arrive while all of them are out leave together as the next batch
+(`rollout.tool_batcher`; `merge_tool_calls: false` in the loop's entry sends each trajectory's
+calls on their own, as verl's own tool loop does).
 
 Seeds: `request_seed(seed, 0, sample, turn)` with `sample` the row's `vrag_sample` column when
 it has one (tests compare with the EasyR1 rollout at the same seeds), else a number unique in
@@ -144,7 +145,8 @@ class VragAgentLoop(AgentLoopBase):
                                decode=lambda ids: agent.tokenizer.decode(ids, skip_special_tokens=True))
 
         driver = _ServerDriver(agent)
-        tools = tool_batcher.for_loop(agent, agent.execute_tools).execute if self.merge_tool_calls else None
+        tools = (tool_batcher.for_loop(agent, agent.execute_tools, agent.config.retriever_max_concurrency).execute
+                 if self.merge_tool_calls else None)
         await run_episode(driver, episode, generate, clock, tools)
         episode.finish("max_turns")  # no-op for an episode that ended
         return self._output(episode, prompt_ids, clock, steps)
