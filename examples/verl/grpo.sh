@@ -5,6 +5,8 @@
 # Data: `vrag-rollout convert-dataset QA.json --layout verl [--action-format tool_call] --index INDEX
 #        --out data/vrag-verl/train.parquet --val-out data/vrag-verl/val.parquet`; a retriever serving
 #        INDEX at the URL of the agent-loop file. Extra key=value arguments override these (hydra).
+# multi_turn.enable=True: without it verl's fully async trainer (fully_async_main) rolls every row out
+# with single_turn_agent instead of the row's agent; the synchronous trainer reads it for nothing else.
 # docs/verl.md.
 set -euo pipefail
 : "${MODEL_PATH:?set MODEL_PATH (or run grpo_qwen2_5_vl_7b.sh / grpo_qwen3_vl_4b_tool_call.sh)}"
@@ -35,6 +37,7 @@ python -m verl.trainer.main_ppo \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 \
     actor_rollout_ref.rollout.agent.agent_loop_config_path="examples/verl/$AGENT_LOOP" \
     actor_rollout_ref.rollout.agent.default_agent_loop=vrag_agent \
+    actor_rollout_ref.rollout.multi_turn.enable=True \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 \
     reward.custom_reward_function.path=examples/reward_function/vrag_verl.py \
     reward.custom_reward_function.name=compute_score \

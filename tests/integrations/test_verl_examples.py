@@ -43,6 +43,7 @@ def test_verl_accepts_every_override(script, tmp_path):
         config = compose(config_name="ppo_trainer", overrides=found)  # an unknown key is refused here
     rollout = config.actor_rollout_ref.rollout
     assert rollout.agent.default_agent_loop == "vrag_agent" and rollout.mode == "async"
+    assert rollout.multi_turn.enable  # else the fully async trainer swaps vrag_agent for single_turn_agent
     assert config.data.max_response_length == rollout.response_length  # one episode budget, stated once
     assert OmegaConf.select(config, "reward.custom_reward_function.name") == "compute_score"
     assert (REPO / config.reward.custom_reward_function.path).is_file()

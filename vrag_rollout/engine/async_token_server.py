@@ -7,8 +7,8 @@ whatever is in flight step by step. `AsyncTokenServer` does the same in this pro
 core runs in vLLM's own background process, as in verl), with the same call and answer:
 
     await server.generate(request_id, prompt_ids=[...], sampling_params={...}, image_data=[PIL, ...])
-    -> TokenAnswer(token_ids, log_probs, stop_reason "completed" | "aborted", extra_fields)
-       (an `AsyncTokenAnswer`: also `routed_experts` and `num_preempted`, which verl's own loops read)
+    -> TokenAnswer(token_ids, log_probs, stop_reason "completed" | "aborted", extra_fields,
+                   num_preempted, routed_experts)
 
 - the SamplingParams are built from the dict as verl's server builds them: `max_tokens` from the
   request, else verl's default `min(response_length, prompt_length + response_length -
@@ -43,20 +43,11 @@ import asyncio
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from .token_server import TokenAnswer, collapse_image_pads
 
 BANNED_LOGIT_BIAS = -100.0
-
-
-@dataclass
-class AsyncTokenAnswer(TokenAnswer):
-    """`TokenAnswer` with the two fields verl's own loops also read from its `TokenOutput`."""
-
-    routed_experts: Any = None
-    num_preempted: Optional[int] = None
 
 
 def llm_engine_kwargs(model_path: str, config: Any, max_images: int) -> dict:
@@ -205,10 +196,10 @@ class AsyncTokenServer:
             self.in_flight -= 1
             self.engine_seconds += time.perf_counter() - started
         if final is None or not final.outputs:
-            return AsyncTokenAnswer([], None, "aborted")
+            return TokenAnswer([], None, "aborted")
         done = final.outputs[0]
         logprobs = [step[t].logprob for step, t in zip(done.logprobs, done.token_ids)] if done.logprobs else None
-        return AsyncTokenAnswer(list(done.token_ids), logprobs,
+        return TokenAnswer(list(done.token_ids), logprobs,
                                 "aborted" if done.finish_reason == "abort" else "completed",
                                 {"num_cached_tokens": getattr(final, "num_cached_tokens", None)},
                                 num_preempted=getattr(done, "num_preempted", None))

@@ -9,8 +9,9 @@ process (for `scripts/check_verl.py` and the tests, which run verl's worker with
   sampled token's own logprob), as verl's `vLLMHttpServer.generate` does;
 - each image's run of pads in `prompt_ids` is collapsed to one (verl's
   `qwen2_5_vl_dedup_image_tokens`), the images go in `multi_modal_data`;
-- the answer has `token_ids`, `log_probs` (sampled tokens), `stop_reason` ("completed", or
-  "aborted" for an aborted request) and `extra_fields`, like verl's `TokenOutput`.
+- the answer has the fields of verl's `TokenOutput`: `token_ids`, `log_probs` (sampled tokens),
+  `stop_reason` ("completed", or "aborted" for an aborted request), `extra_fields`, and
+  `num_preempted` / `routed_experts` (None: not reported, as verl's server says for them).
 
 Calls run one at a time (an `LLM` is not re-entrant), each in a worker thread, so the other
 trajectories' coroutines go on meanwhile.
@@ -29,6 +30,8 @@ class TokenAnswer:
     log_probs: Optional[list]
     stop_reason: str
     extra_fields: dict = field(default_factory=dict)
+    num_preempted: Optional[int] = None  # verl's loops read these two of every answer
+    routed_experts: Any = None
 
 
 def collapse_image_pads(prompt_ids: Sequence[int], image_pad: int) -> list[int]:
