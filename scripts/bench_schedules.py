@@ -54,13 +54,15 @@ class LatentRetriever:
     waits for a free slot, then holds it for its latency, as a server with bounded admission
     (the project's server serves `AdmissionLimits.max_in_flight` = 2 at once by default)."""
 
+    LATENCY_S = (0.1, 0.4, 0.15)  # low, high, mode of the triangular draw
+
     def __init__(self, seed: int, slots: int | None = None):
         self.inner, self.rng = FixtureTransport.load(FIXTURE), random.Random(seed)
         self.slots = threading.Semaphore(slots) if slots else contextlib.nullcontext()
 
     def post(self, path, body, timeout):
         with self.slots:
-            time.sleep(self.rng.triangular(0.1, 0.4, 0.15))
+            time.sleep(self.rng.triangular(*self.LATENCY_S))
             return self.inner.post(path, body, timeout)
 
     def get(self, path, timeout):

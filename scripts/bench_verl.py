@@ -36,9 +36,12 @@ DataProto. verl's `_postprocess` keeps no images, so the harness copies each tra
 tells `check` the batch is in the tool-call format (our loop records it in `rollout_meta`).
 
 Also printed, per loop, its critical path: the trajectory that spent longest awaiting the engine
-and its tool results, and those two times. They are spent whatever the loop, so a loop costing
-nothing of its own would take at least that long on these tokens, engine and retriever: wall
-divided by that sum bounds what any loop could gain over the one measured.
+and its tool results, and those two times. Wall divided by their sum bounds what removing the
+loop's own time (outside those awaits) could gain, the awaits held as they were. They are not
+fixed under every loop (the engine is shared with the other trajectories and with the loop's
+CPU), so a floor follows: each of tool_agent's trajectories replayed alone on the engine, turn by
+turn with the same requests, plus the retriever's least latency per call; the longest of these
+is a time no loop on this engine and retriever can beat.
 
 Targets: vrag_agent at least 1.3x faster than tool_agent; zero check failures for vrag_agent
 (verl's are reported as found).
@@ -101,7 +104,8 @@ class PlannedServer:
         self.server, self.plan, self.seed_of, self.banned = server, plan, seed_of, banned
         self.turns: Counter = Counter()
         self.tokens: dict = {}
-        self.spent: Counter = Counter()  # (loop, "engine" | "tools", sample) -> seconds awaited
+        self.spent: Counter = Counter()  # (loop, "engine" | "tools", sample) -> seconds awaited; "calls": count
+        self.requests: dict = {}  # (loop, sample, turn) -> what the engine was asked, for the solo replay
         self.seed_mismatch = 0
         self.loop_name = None
 
@@ -119,6 +123,9 @@ class PlannedServer:
             self.seed_mismatch += 1
         params.setdefault("seed", seed)
         params["logit_bias"] = {**self.banned, **(params.get("logit_bias") or {})}
+        # copies: verl's loop appends the next turn's images to this very list
+        self.requests[(self.loop_name, sample, turn)] = (list(prompt_ids), list(image_data or []) or None,
+                                                         dict(params), dict(kwargs))
         started = time.perf_counter()
         answer = await self.server.generate(request_id, prompt_ids=prompt_ids, sampling_params=params,
                                             image_data=image_data, **kwargs)
@@ -126,10 +133,12 @@ class PlannedServer:
         self.tokens[(self.loop_name, sample, turn)] = tuple(answer.token_ids)
         return answer
 
-    def timed(self, call: Any) -> Any:
-        """`call` (a coroutine function a trajectory awaits for its tool results), its time recorded."""
+    def timed(self, call: Any, calls_of: Any = lambda args: 1) -> Any:
+        """`call` (a coroutine function a trajectory awaits for its tool results), its time and its
+        number of tool calls (`calls_of(args)`) recorded."""
 
         async def timed_call(*args, **kwargs):
+            self.spent[(self.loop_name, "calls", SAMPLE.get())] += calls_of(args)
             started = time.perf_counter()
             try:
                 return await call(*args, **kwargs)
@@ -138,11 +147,35 @@ class PlannedServer:
 
         return timed_call
 
+    async def solo_floor(self, loop: str, spent: Counter, least_latency_s: float) -> tuple[float, int, int]:
+        """Each of `loop`'s trajectories (its last pass) replayed alone on the engine, turn by turn
+        with the same requests, plus the retriever's least latency per tool call: the longest of
+        these is a floor under any loop's wall on this engine and retriever. Returns (floor s,
+        turns replayed, turns whose tokens differ from the pass's)."""
+        turns_of: dict = {}
+        for (name, sample, turn), request in self.requests.items():
+            if name == loop:
+                turns_of.setdefault(sample, []).append((turn, request))
+        floor, replayed, differ = 0.0, 0, 0
+        for sample, turns in turns_of.items():
+            engine = []
+            for replay in range(2):  # the quicker of two replays: a noisy one must not raise the floor
+                engine.append(0.0)
+                for turn, (prompt_ids, image_data, params, kwargs) in sorted(turns, key=lambda item: item[0]):
+                    started = time.perf_counter()
+                    answer = await self.server.generate(f"solo-{loop}-{sample}-{turn}-{replay}", prompt_ids=prompt_ids,
+                                                        sampling_params=params, image_data=image_data, **kwargs)
+                    engine[-1] += time.perf_counter() - started
+                    replayed += replay == 0
+                    differ += replay == 0 and tuple(answer.token_ids) != self.tokens[(loop, sample, turn)]
+            floor = max(floor, min(engine) + least_latency_s * spent[(loop, "calls", sample)])
+        return floor, replayed, differ
+
 
 def critical_path(spent: Counter, loop: str) -> tuple[float, float]:
-    """The trajectory that awaited the engine and its tools longest: (engine s, tools s). A loop
-    that spent nothing of its own would still take this long, so wall / (engine + tools) bounds
-    what any loop could gain on these tokens, engine and retriever."""
+    """The trajectory that awaited the engine and its tools longest: (engine s, tools s). With those
+    awaits as they were, a loop spending nothing of its own would still take this long, so wall /
+    (engine + tools) bounds what removing the loop's own time could gain."""
     samples = {key[2] for key in spent if key[0] == loop}
     longest = max(samples, key=lambda s: spent[(loop, "engine", s)] + spent[(loop, "tools", s)])
     return spent[(loop, "engine", longest)], spent[(loop, "tools", longest)]
@@ -267,7 +300,7 @@ async def run(args: argparse.Namespace) -> int:
         worker.tools = [SearchTool(tool_config, None), FetchTool(tool_config, None)]
     for tool in worker.tools:  # tool_agent awaits each call's execute; vrag_agent awaits its batcher
         tool.execute = planned.timed(tool.execute)
-    tool_batcher.ToolBatcher.execute = planned.timed(tool_batcher.ToolBatcher.execute)
+    tool_batcher.ToolBatcher.execute = planned.timed(tool_batcher.ToolBatcher.execute, lambda args: len(args[1]))
 
     original_run, original_post = worker._run_agent_loop, worker._agent_loop_postprocess
 
@@ -327,7 +360,7 @@ async def run(args: argparse.Namespace) -> int:
                 "wall": wall, "cpu": cpu, "frontend": frontend, "core": cpu_of(core_pids) - core0, "turns": turns,
                 "in_flight": server.max_in_flight, "stats": clients[name].stats.snapshot(),
                 "sizes": Counter(transports[name].sizes), "batch": batch,
-                "critical": critical_path(planned.spent, name)})
+                "critical": critical_path(planned.spent, name), "spent": Counter(planned.spent)})
 
     # ---- report ----
     print(f"verl {verl.__version__}, vllm {vllm.__version__}, {family} tiny model, {args.prompts} prompts x n={args.n} "
@@ -357,8 +390,16 @@ async def run(args: argparse.Namespace) -> int:
         engine = statistics.median(r["critical"][0] for r in runs)
         tools = statistics.median(r["critical"][1] for r in runs)
         ceiling = statistics.median(r["wall"] / sum(r["critical"]) for r in runs)
-        print(f"  {name:<11} engine {engine:.2f} s + tools {tools:.2f} s of {walls[name]:.2f} s wall: a loop with no "
-              f"cost of its own would be at most {ceiling:.2f}x faster than {name} here")
+        print(f"  {name:<11} engine {engine:.2f} s + tools {tools:.2f} s of {walls[name]:.2f} s wall: removing the "
+              f"loop's own time, the awaits held, would be at most {ceiling:.2f}x faster than {name} here")
+    floor, replayed, differ = await planned.solo_floor("tool_agent", results["tool_agent"][-1]["spent"],
+                                                       LatentRetriever.LATENCY_S[0])
+    print(f"floor: tool_agent's trajectories replayed alone on the engine, turn by turn ({replayed} turns, "
+          f"{replayed - differ} with the same tokens), plus the retriever's least latency "
+          f"({LatentRetriever.LATENCY_S[0] * 1000:.0f} ms) per call: the longest takes {floor:.2f} s, so no loop on "
+          f"this engine and retriever is more than {walls['tool_agent'] / floor:.2f}x faster than tool_agent; what "
+          "lies between is the engine serving all trajectories at once, the retriever's latency draws, and the "
+          "loop's own time (bounded above)")
     speedup = walls["tool_agent"] / walls["vrag_agent"]
     paired = [b["wall"] / a["wall"] for a, b in zip(results["vrag_agent"], results["tool_agent"])]
     best = min(r["wall"] for r in results["tool_agent"]) / min(r["wall"] for r in results["vrag_agent"])

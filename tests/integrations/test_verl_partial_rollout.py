@@ -16,9 +16,11 @@ grammar), so pages are shown before the interrupted turns.
 
 The fully asynchronous trainer's data path: each row goes as its rollouter sends it (verl's
 `prepare_single_generation_data`, the worker with the resume loop, a pickled `RolloutSample` on
-verl's `MessageQueue`, a real Ray actor), and the trainer's `assemble_batch_from_rollout_samples`
-builds the batch. Oracles: the uninterrupted episodes again, `check`, and verl's partial-rollout
-statistics against the weight versions the server recorded per trajectory. Without
+verl's `MessageQueue`, a real Ray actor; all rows at once, as the rollouter keeps several samples
+in flight), and the trainer's `assemble_batch_from_rollout_samples` builds the batch. Each abort is
+a weight sync, and so is each tool call's time out. Oracles: the uninterrupted episodes again,
+`check`, and each trajectory's weight versions and verl's partial-rollout statistics against the
+versions the server recorded per trajectory. Without
 `multi_turn.enable` verl swaps the rows' agent for `single_turn_agent`; the project's reward, called
 by verl's reward manager, refuses those rows."""
 
@@ -57,6 +59,7 @@ class AbortingServer(LLMServerClient):
     to the next weight version when it does."""
 
     sync_every_abort = False  # True: each abort is a weight sync of its own (version + 1), else 1 -> 2 once
+    sync_between_turns = False  # True: a sync (version + 1) also while each tool call is out
 
     def __init__(self, config, load_balancer_handle=None, *, engine: LocalTokenServer, **kwargs):
         self.config, self.engine = config, engine
@@ -69,6 +72,8 @@ class AbortingServer(LLMServerClient):
         params = dict(sampling_params)
         length, cuts = self.resumes.get(request_id, (None, 0))
         cuts = cuts if length == len(prompt_ids) else 0  # a new turn, or this turn resubmitted
+        if self.sync_between_turns and cuts == 0 and request_id in self.answered:
+            self.version += 1  # a later turn of a known trajectory: the weights changed during its tool call
         interrupt = "structured_outputs" not in params and cuts < CUTS_PER_TURN and params["max_tokens"] > ABORT_AFTER
         if interrupt:
             params["max_tokens"] = ABORT_AFTER
@@ -137,9 +142,11 @@ def test_the_resumed_batch_checks_and_carries_its_weight_versions(runs, tiny_mod
 # ---- the fully asynchronous trainer's data path: rollouter -> Ray message queue -> trainer ----
 
 class SyncingClient(ResumingClient):
-    """verl's resume loop over the aborting server, each abort a weight sync of its own."""
+    """verl's resume loop over the aborting server, each abort a weight sync of its own, and a sync
+    while each trajectory's tool call is out (so a trajectory's first version is not its cut turn's)."""
 
     sync_every_abort = True
+    sync_between_turns = True
 
 
 def fully_async_config(worker, multi_turn: bool):
@@ -182,12 +189,15 @@ def queued(tiny_model_dir, tiny_processor, tiny_llm):
 
     async def rollouter_then_trainer():
         queue = MessageQueueClient(MessageQueue.remote(config, max_queue_size=ROWS))
-        for row in range(ROWS):
+
+        async def process_single_sample(row: int):  # the rollouter's per-sample task; all rows at once
             full = single_sample_rows(samples, row, config)
             out = await worker.generate_sequences(full)
             out.non_tensor_batch["uid"] = full.non_tensor_batch["uid"]  # as the rollouter re-sets it
             sample = RolloutSample(full_batch=out, sample_id=f"sample_{row}", epoch=0, rollout_status={"row": row})
             assert await queue.put_sample(ray.cloudpickle.dumps(sample))
+
+        await asyncio.gather(*[process_single_sample(row) for row in range(ROWS)])
         taken = []
         for _ in range(ROWS):
             data, _left = await queue.get_sample()
@@ -199,20 +209,26 @@ def queued(tiny_model_dir, tiny_processor, tiny_llm):
         taken = asyncio.run(rollouter_then_trainer())
     finally:
         ray.shutdown()
-    assert [s.sample_id for s in taken] == [f"sample_{row}" for row in range(ROWS)]
+    assert sorted(s.sample_id for s in taken) == [f"sample_{row}" for row in range(ROWS)]
     batch = assemble_batch_from_rollout_samples(taken, tiny_processor.tokenizer, config, None)
-    assert list(batch.non_tensor_batch["uid"]) == [f"uid_sample_{row}" for row in range(ROWS)]
+    assert [f"uid_{s.sample_id}" for s in taken] == list(batch.non_tensor_batch["uid"])  # in queue order
     assert isinstance(batch.non_tensor_batch["processing_times"][0], (float, np.floating))
     return batch, client
+
+
+def row_of(uid: str) -> int:
+    return int(uid.rsplit("_", 1)[1])
 
 
 def test_the_fully_async_queue_delivers_the_uninterrupted_episodes(queued, runs):
     batch, _ = queued
     plain = runs[0]
-    for key in ("responses", "response_mask", "attention_mask", "prompts"):
-        assert batch.batch[key].tolist() == plain.batch[key].tolist(), key
-    for column in ("termination_reason", "page_ids"):
-        assert list(batch.non_tensor_batch[column]) == list(plain.non_tensor_batch[column]), column
+    for i, uid in enumerate(batch.non_tensor_batch["uid"]):
+        row = row_of(uid)
+        for key in ("responses", "response_mask", "attention_mask", "prompts"):
+            assert batch.batch[key][i].tolist() == plain.batch[key][row].tolist(), (key, row)
+        for column in ("termination_reason", "page_ids"):
+            assert batch.non_tensor_batch[column][i] == plain.non_tensor_batch[column][row], (column, row)
 
 
 def test_the_assembled_batch_checks_and_its_partial_rollouts_match_the_servers_record(queued, tiny_model_dir):
@@ -220,11 +236,15 @@ def test_the_assembled_batch_checks_and_its_partial_rollouts_match_the_servers_r
     report = check_batch(from_dataproto(batch, model_path=tiny_model_dir), tiny_model_dir)
     assert report.ok, report.human()
     # what the server saw: each trajectory (one request id) and the weight versions that sampled it
-    spans = [max(v) - min(v) for v in client.answered.values()]
-    assert len(spans) == ROWS and spans == [CUTS_PER_TURN] * ROWS, spans  # each cut twice, a sync each
+    seen = sorted((min(v), max(v)) for v in client.answered.values())
+    carried = sorted(zip(batch.non_tensor_batch["min_global_steps"], batch.non_tensor_batch["max_global_steps"]))
+    assert len(seen) == ROWS and carried == seen, (carried, seen)
+    spans = [hi - lo for lo, hi in seen]
+    # a cut turn spans CUTS_PER_TURN syncs; more means the first version came from an earlier turn
+    assert all(span >= CUTS_PER_TURN for span in spans) and max(spans) > CUTS_PER_TURN, spans
     assert batch.meta_info["fully_async/partial/total_partial_num"] == sum(1 for s in spans if s > 0)
     assert batch.meta_info["fully_async/partial/max_partial_span"] == max(spans)
-    assert batch.meta_info["param_version_diversity"] == len({max(v) for v in client.answered.values()})
+    assert batch.meta_info["param_version_diversity"] == len({hi for _, hi in seen})
 
 
 def test_without_multi_turn_the_fully_async_path_runs_another_loop_and_the_reward_refuses_its_rows(
@@ -247,7 +267,7 @@ def test_without_multi_turn_the_fully_async_path_runs_another_loop_and_the_rewar
     assert "page_ids" not in out.non_tensor_batch  # vrag_agent did not run
 
     with_it = single_sample_rows(sample_prompts(1, with_images=False), 0, fully_async_config(worker, multi_turn=True))
-    assert list(with_it.non_tensor_batch["agent_name"]) == [AGENT_NAME]
+    assert list(with_it.non_tensor_batch["agent_name"]) == [AGENT_NAME]  # the row's own agent, kept
 
     compute_score = get_custom_reward_fn(OmegaConf.create({"reward": {"custom_reward_function": {
         "path": str(REPO / "examples" / "reward_function" / "vrag_verl.py"), "name": "compute_score",

@@ -137,3 +137,33 @@ def test_calls_of_one_turn_of_the_loop_share_a_batch_and_no_more_than_width_are_
 def test_a_width_below_one_is_refused():
     with pytest.raises(ValueError, match="width >= 1"):
         ToolBatcher(SlowTools(0.0), width=0)
+
+
+def test_a_batch_with_the_wrong_number_of_results_fails_its_callers_instead_of_misaligning_them():
+    def short(calls: list) -> list:
+        return [f"result of {call}" for call in calls[:-1]]  # a bug: one result lost
+
+    async def main():
+        batcher = ToolBatcher(short, width=1)
+        return await asyncio.gather(batcher.execute(["a"]), batcher.execute(["b", "c"]), return_exceptions=True)
+
+    results = asyncio.run(main())
+    assert all(isinstance(r, RuntimeError) and "3 calls returned 2 results" in str(r) for r in results), results
+
+
+def test_the_calls_of_a_caller_cancelled_before_its_batch_left_are_not_sent():
+    tools = SlowTools(0.2)
+
+    async def main():
+        batcher = ToolBatcher(tools, width=1)
+        first = asyncio.create_task(batcher.execute(["a"]))
+        await asyncio.sleep(0.05)  # "a" is out: the next two wait
+        gone = asyncio.create_task(batcher.execute(["gone"]))
+        kept = asyncio.create_task(batcher.execute(["kept"]))
+        await asyncio.sleep(0.01)
+        gone.cancel()
+        return await first, await kept, gone.cancelled()
+
+    first, kept, cancelled = asyncio.run(main())
+    assert first == ["result of a"] and kept == ["result of kept"] and cancelled
+    assert tools.batches == [["a"], ["kept"]]

@@ -11,7 +11,8 @@ batch), in worker threads, with up to `width` batches out at once (the rollout's
 - calls that arrive while `width` batches are out wait for one to return, then leave together
   (batches grow with load, and the retriever sees no more requests than it has room for);
 - each call gets exactly the results of its own calls, in order; an exception of a batch (a
-  deadline passed, a bug) reaches every call of that batch and no other.
+  deadline passed, a bug, a result count that does not match the calls) reaches every call of
+  that batch and no other; the calls of a caller cancelled before its batch left are not sent.
 
 One batcher per event loop (`for_loop`): a batch's futures belong to the loop that awaits them,
 and all its bookkeeping runs on that loop's thread. The worker threads read their batch's
@@ -59,7 +60,10 @@ class ToolBatcher:
         self._send_due = False
         if not self._waiting or len(self._out) >= self._width:
             return
-        batch, self._waiting = self._waiting, []
+        batch = [(calls, future) for calls, future in self._waiting if not future.cancelled()]  # caller gone
+        self._waiting = []
+        if not batch:
+            return
         task = asyncio.get_running_loop().create_task(self._run(batch))
         self._out.add(task)
         task.add_done_callback(self._returned)
@@ -72,7 +76,13 @@ class ToolBatcher:
         merged = [call for calls, _ in batch for call in calls]
         self.batches.append(len(merged))
         try:
-            results = await asyncio.to_thread(self._execute, merged)
+            results = list(await asyncio.to_thread(self._execute, merged))
+            if len(results) != len(merged):
+                raise RuntimeError(f"a tool batch of {len(merged)} calls returned {len(results)} results")
+        except asyncio.CancelledError:  # the loop is shutting down: the callers are cancelled too
+            for _, future in batch:
+                future.cancel()
+            raise
         except BaseException as error:  # noqa: BLE001 - handed to every caller of this batch
             for _, future in batch:
                 if not future.done():

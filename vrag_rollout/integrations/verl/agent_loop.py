@@ -145,8 +145,9 @@ class VragAgentLoop(AgentLoopBase):
                                decode=lambda ids: agent.tokenizer.decode(ids, skip_special_tokens=True))
 
         driver = _ServerDriver(agent)
-        tools = (tool_batcher.for_loop(agent, agent.execute_tools, agent.config.retriever_max_concurrency).execute
-                 if self.merge_tool_calls else None)
+        # several batches at once only where execute_tools is this process's own (no rank broadcast to order)
+        width = agent.config.retriever_max_concurrency if agent.sync.is_local else 1
+        tools = tool_batcher.for_loop(agent, agent.execute_tools, width).execute if self.merge_tool_calls else None
         await run_episode(driver, episode, generate, clock, tools)
         episode.finish("max_turns")  # no-op for an episode that ended
         return self._output(episode, prompt_ids, clock, steps)

@@ -9,7 +9,9 @@ is `core.reward.score_response`'s parts with `score` = `overall` (verl logs the 
 
 A row without `page_ids` in `extra_info` is refused, naming both causes and their fixes: some
 other loop rolled it out (no retrieval to score), or a reward manager that drops the loop's
-`tool_extra_fields` scored it (the retrieval part would silently read no pages).
+`tool_extra_fields` scored it (the retrieval part would silently read no pages). verl's `naive`
+and `remote` managers pass the error on and the step fails; `limited` catches it, logs it and
+scores the row 0 with the message in `reward_extra_info["error"]`.
 """
 
 from __future__ import annotations
