@@ -200,9 +200,9 @@ class AsyncTokenServer:
         done = final.outputs[0]
         logprobs = [step[t].logprob for step, t in zip(done.logprobs, done.token_ids)] if done.logprobs else None
         return TokenAnswer(list(done.token_ids), logprobs,
-                                "aborted" if done.finish_reason == "abort" else "completed",
-                                {"num_cached_tokens": getattr(final, "num_cached_tokens", None)},
-                                num_preempted=getattr(done, "num_preempted", None))
+                           "aborted" if done.finish_reason == "abort" else "completed",
+                           {"num_cached_tokens": getattr(final, "num_cached_tokens", None)},
+                           num_preempted=getattr(done, "num_preempted", None))
 
     def shutdown(self) -> None:
         shutdown = getattr(self.engine, "shutdown", None)
