@@ -11,11 +11,15 @@ search or page read. Items the service answers with an error item are not search
 The bound counts each page item's other fields (id, doc_id, page, mime, role, headings) as
 `ITEM_ALLOWANCE` bytes, and a backend may not know its sizes, so the rendered answer is
 measured too (`check_rendered`): an answer over the limit is refused whole, never cut short.
-Crops are drawn per request, their sizes unknown before: their answers are measured only.
+Crops are drawn per request, their JPEG sizes unknown before: each is bounded by its worst case,
+the band's ``max_pixels`` at the densest rate a JPEG of the index's quality was measured at
+(`worst_jpeg_bytes`), so a request that could go over is refused before anything is drawn
+(`check_crops`); the drawn answer is measured as well.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from itertools import accumulate
 
@@ -25,6 +29,20 @@ from .backends.base import Backend
 ITEM_ALLOWANCE = 512  # bytes of a page item besides its image (a few headings, the framing)
 LIMIT_OPTION = "--max-answer-mib"  # ``vrag-retriever serve``'s option that sets the limit
 MIB = 2**20
+# Bytes per pixel of the densest JPEG ``imaging.encode_jpeg`` wrote at each quality, rounded up:
+# random black-and-white noise in each colour channel, 1008 x 1008 (measured 0.37, 0.56, 0.77,
+# 0.95, 1.11, 1.42 at these qualities; 1.54-2.3 from 96 to 100). Pages and their crops are far
+# below (the sample corpus at 85: pages about 0.2, full-page crops 0.04). As (up to quality,
+# bytes per pixel), in order.
+WORST_JPEG_DENSITY = ((25, 0.40), (50, 0.60), (75, 0.80), (85, 1.00), (90, 1.17), (95, 1.50),
+                      (100, 2.40))
+JPEG_OVERHEAD = 1024  # a JPEG's headers and tables (about 600 bytes) with room
+
+
+def worst_jpeg_bytes(pixels: int, quality: int) -> int:
+    """The most bytes a JPEG of ``pixels`` pixels at ``quality`` (1..100) was measured to take."""
+    density = next((d for q, d in WORST_JPEG_DENSITY if quality <= q), WORST_JPEG_DENSITY[-1][1])
+    return math.ceil(pixels * density) + JPEG_OVERHEAD
 
 
 class AnswerTooLarge(ValueError):
@@ -99,6 +117,14 @@ class AnswerBudget:
         if bound > self.max_bytes:
             raise self._refusal(f"would hold {len(pages):,} page images, up to {_size(bound)}",
                                 form, fetch_advice(len(pages), bound, self.max_bytes))
+
+    def check_crops(self, crops: int, max_pixels: int, quality: int, form: str) -> None:
+        """Refuse drawing ``crops`` crops of up to ``max_pixels`` pixels each, encoded as JPEG at
+        ``quality``, if the answer could go over the limit (each at `worst_jpeg_bytes`)."""
+        bound = _image_bytes(crops * worst_jpeg_bytes(max_pixels, quality), crops, form)
+        if bound > self.max_bytes:
+            raise self._refusal(f"could hold {crops:,} crops of up to {max_pixels:,} pixels, up to "
+                                f"{_size(bound)}", form, crop_advice(crops, bound, self.max_bytes))
 
     def check_rendered(self, data: bytes, form: str, advice: Callable[[int], str]) -> bytes:
         """``data`` if within the limit; else `AnswerTooLarge` (``advice(size)`` says what to ask

@@ -106,11 +106,12 @@ def create_app(source, *, api_key: str | None = None, limits: Limits | None = No
     auth = [Depends(_api_key_dependency(api_key))]
     problems = {code: {"model": Problem, "description": text} for code, text in [
         (401, "missing or wrong API key"),
-        (413, "request body too large, or the answer would be (fewer queries or a smaller "
-              "top_n fit)"),
+        (413, "request body too large, or the answer could be (fewer queries or a smaller "
+              "top_n fit; fewer crops or a smaller max_pixels)"),
         (415, "request body not sent as JSON (content-type: application/json)"),
         (422, "malformed request: malformed JSON, wrong types, batch too large, top_n out of "
-              "range, a crop's pixel band out of range"),
+              "range, a crop's pixel band out of range, crops that could draw more pixels than "
+              "the server's limit per request"),
         (503, "overloaded: retry after the Retry-After header's seconds (Retry-After-Ms: the "
               "same, in milliseconds)")]}
     # strict_content_type=False: a body without a content-type header is read as JSON; one sent

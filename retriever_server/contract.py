@@ -15,7 +15,9 @@ nothing of either package).
   for the whole request. Each item answers ``{"id": "<doc>_<page>", "contents": image, ...}`` or
   an error item; `box_problem` is the one check of a box's form, shared by the server and the
   client (which answers a bad box itself, without a round trip). At most `MAX_CROP_BATCH` crops
-  a request.
+  a request, and at most `MAX_CROP_REQUEST_PIXELS` pixels in all, each crop counted at the band's
+  ``max_pixels`` (`crops_per_request` says how many fit); a server refuses a request over either
+  before drawing anything.
 - Refusals (admission control): ``503`` with ``Retry-After`` in whole seconds and
   `RETRY_AFTER_MS` (``Retry-After-Ms``), the same wait in milliseconds, for clients that can
   come back sooner than a second.
@@ -58,6 +60,13 @@ REQUEST_CODES = frozenset({MALFORMED_FETCH, MALFORMED_QUERY, PAGE_OUT_OF_RANGE, 
 MIN_BOX_FRACTION = 0.02
 MIN_CROP_SOURCE_SIDE = 8
 MAX_CROP_BATCH = 64  # crops per /batch_crop request (the client chunks by it)
+# Pixels one /batch_crop request may draw in all, each crop counted at the band's max_pixels (the
+# most it can have): 64 crops at the default band (1280 visual tokens of 28 x 28 pixels), or 5 at
+# the largest band a server accepts. Crops are drawn under one process-wide pdfium lock, so this
+# bounds how long one request keeps every other crop waiting: 1.2 s of CPU for 64 full-page crops
+# at the default band, 1.8 s for 5 at the largest, on the development machine (64 at the largest
+# band, unbounded before, took about 20 s).
+MAX_CROP_REQUEST_PIXELS = MAX_CROP_BATCH * 1280 * 28 * 28
 CROP_FACTOR = 28  # default side multiple of a crop (Qwen2/2.5-VL's merged patch; Qwen3-VL: 32)
 MIN_CROP_FACTOR, MAX_CROP_FACTOR = 8, 64
 
@@ -141,6 +150,12 @@ def crop_band_problem(min_pixels, max_pixels, factor) -> Optional[str]:
         return (f"need factor^2 ({factor ** 2}) <= min_pixels <= max_pixels, got "
                 f"min_pixels={min_pixels}, max_pixels={max_pixels}")
     return None
+
+
+def crops_per_request(max_pixels: int, request_pixels: int = MAX_CROP_REQUEST_PIXELS) -> int:
+    """How many crops of up to ``max_pixels`` pixels one /batch_crop request may hold: as many as
+    ``request_pixels`` allows, at most `MAX_CROP_BATCH` and at least 1."""
+    return max(1, min(MAX_CROP_BATCH, request_pixels // max(1, max_pixels)))
 
 
 def error_fields(reason: str, code: str) -> dict:

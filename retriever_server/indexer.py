@@ -25,8 +25,8 @@ from tqdm import tqdm
 
 from .imaging import DEFAULT_DPI, DEFAULT_JPEG_QUALITY, DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
 from .ingest import DocSource, OcrPolicy, count_pages, discover, iter_pages
-from .manifest import (MANIFEST_NAME, DocEntry, Manifest, PageEntry, image_name, pdf_name,
-                       write_manifest)
+from .manifest import (MANIFEST_NAME, DocEntry, Manifest, PageEntry, image_name,
+                       missing_numbers, pdf_name, write_manifest)
 from .swap import new_build_dir, recover, swap_in
 
 CHUNK_PAGES = 16
@@ -60,7 +60,7 @@ def _ingest_chunk(chunk: _Chunk) -> tuple[list[PageEntry], int]:
         (chunk.out / name).write_bytes(page.jpeg)
         entries.append(PageEntry(chunk.doc.doc_id, page.page, page.text, page.text_source, name,
                                  page.width, page.height, len(page.jpeg), page.role,
-                                 list(page.headings)))
+                                 list(page.headings), page.source_number))
     if len(entries) != chunk.last - chunk.first + 1:
         raise ValueError(f"{chunk.doc.path}: expected pages {chunk.first}..{chunk.last}, "
                          f"read {len(entries)}")
@@ -106,10 +106,27 @@ def build_index(sources: list[Path], out_dir: Path, *, min_pixels: int = DEFAULT
         raise
     finally:
         os.close(claim)
+    _notice_numbering_gaps(manifest)
     if skipped:
         print(f"notice: {skipped} page(s) have no text layer and tesseract is not installed; "
               f"they are indexed without text (install tesseract-ocr to OCR them)", file=sys.stderr)
     return out_dir
+
+
+SHOWN_GAPS = 10  # missing numbers named per folder in the notice
+
+
+def _notice_numbering_gaps(manifest: Manifest) -> None:
+    """One notice line per image folder whose numbered images skip numbers (SlideVQA's download
+    leaves out slides that fail with 404): its pages are still numbered by position, and gold
+    pages written as slide numbers must be mapped (``convert-dataset --index`` does)."""
+    for doc_id, numbers in manifest.source_numbers().items():
+        gaps = missing_numbers(numbers, SHOWN_GAPS + 1)
+        if gaps:
+            shown = ", ".join(map(str, gaps[:SHOWN_GAPS])) + (", ..." if len(gaps) > SHOWN_GAPS else "")
+            print(f"notice: {doc_id!r}: no image numbered {shown}; its {len(numbers)} images are "
+                  f"pages 1..{len(numbers)} in order, each image's own number is recorded "
+                  f"(convert-dataset --index maps slide numbers through it)", file=sys.stderr)
 
 
 def _keep_pdf(doc: DocSource, number: int, tmp: Path) -> str | None:

@@ -3,6 +3,12 @@
 Discovery decides what the documents are (doc id = file stem or folder name); page extraction
 reads one document and yields, per 1-based page, its text and its JPEG bytes at the stored size,
 plus the page's role (``roles``) and heading lines (``headings``, from font sizes in the text layer).
+
+Pages are numbered by position (1..n), for PDFs and image folders alike. An image folder whose
+file names number its images (``image_numbers``: SlideVQA's ``<deck>-<slide>-<width>.jpg``,
+``slide_3.png``) also records each image's own number (``IngestedPage.source_number``), so that a
+missing image (a slide that failed to download) can be told apart from a renumbered one: gold
+pages written as slide numbers are mapped through it (``vrag_rollout.data.dataset``).
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ class DocSource:
     kind: str  # "pdf" or "images"
     path: Path
     image_paths: tuple[Path, ...] = field(default=())
+    # Each image's own number from its file name (``image_numbers``); None: not numbered.
+    numbers: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,7 @@ class IngestedPage:
     height: int
     role: str = roles_mod.BODY
     headings: tuple[str, ...] = ()
+    source_number: int | None = None  # the image's own number (``image_numbers``), else None
 
 
 def describe(lines: list[headings_mod.Line], page: int, num_pages: int) -> tuple[str, tuple[str, ...]]:
@@ -70,6 +79,37 @@ def _images_in(folder: Path) -> list[Path]:
                   key=_natural_key)
 
 
+def image_numbers(paths: list[Path] | tuple[Path, ...]) -> tuple[int, ...] | None:
+    """Each image's own number, read from its file name, when a folder's images are numbered;
+    else None (the folder is paged by position alone, as before).
+
+    The images are numbered when their names (suffix aside, case ignored) are the same text
+    around the same count of numbers and exactly one of those numbers differs between them
+    (SlideVQA's ``<deck>-<slide>-<width>.jpg``, where the deck name may hold digits too;
+    ``slide_3.png``; ``p10.png``), each image's value distinct. A lone image is numbered when its
+    name holds exactly one number. Names of other shapes, or with two numbers that both vary,
+    are not numbered: nothing is guessed. ``paths`` are in natural order, so the numbers come
+    out increasing.
+    """
+    parts = [re.split(r"(\d+)", path.stem.lower()) for path in paths]
+    if not parts or len({tuple(p[0::2]) for p in parts}) != 1:
+        return None
+    values = [tuple(int(digits) for digits in p[1::2]) for p in parts]
+    if not values[0]:
+        return None
+    if len(values) == 1:
+        return values[0] if len(values[0]) == 1 else None
+    varying = [i for i in range(len(values[0])) if len({v[i] for v in values}) > 1]
+    if len(varying) != 1:
+        return None
+    own = tuple(v[varying[0]] for v in values)
+    return own if len(set(own)) == len(own) else None
+
+
+def _image_doc(doc_id: str, folder: Path, images: list[Path]) -> DocSource:
+    return DocSource(doc_id, "images", folder, tuple(images), image_numbers(images))
+
+
 def discover(sources: list[Path]) -> list[DocSource]:
     """Documents named by ``sources``; raises ValueError on a missing source or a duplicate doc id."""
     docs: list[DocSource] = []
@@ -81,12 +121,12 @@ def discover(sources: list[Path]) -> list[DocSource]:
         elif src.is_dir():
             images = _images_in(src)
             if images:
-                docs.append(DocSource(src.name, "images", src, tuple(images)))
+                docs.append(_image_doc(src.name, src, images))
             for child in sorted(src.iterdir(), key=_natural_key):
                 if child.is_file() and child.suffix.lower() == ".pdf":
                     docs.append(DocSource(child.stem, "pdf", child))
                 elif child.is_dir() and (child_images := _images_in(child)):
-                    docs.append(DocSource(child.name, "images", child, tuple(child_images)))
+                    docs.append(_image_doc(child.name, child, child_images))
         else:
             raise ValueError(f"{src}: no such file or folder")
     seen: dict[str, Path] = {}
@@ -150,8 +190,8 @@ def iter_pages(doc: DocSource, *, min_pixels: int, max_pixels: int, jpeg_quality
     if doc.kind == "pdf":
         yield from _pdf_pages(doc.path, min_pixels, max_pixels, jpeg_quality, ocr, first, last, dpi)
     else:
-        yield from _image_pages(doc.image_paths, min_pixels, max_pixels, jpeg_quality, ocr,
-                                first, last)
+        yield from _image_pages(doc.image_paths, doc.numbers, min_pixels, max_pixels,
+                                jpeg_quality, ocr, first, last)
 
 
 def _pdf_pages(path: Path, min_pixels: int, max_pixels: int, quality: int, ocr: OcrPolicy,
@@ -192,8 +232,9 @@ def _center_crop(image: Image.Image, size: tuple[int, int]) -> Image.Image:
     return image if window is None else image.crop(window)  # encode_jpeg resamples the rest
 
 
-def _image_pages(paths: tuple[Path, ...], min_pixels: int, max_pixels: int, quality: int,
-                 ocr: OcrPolicy, first: int, last: int | None) -> Iterator[IngestedPage]:
+def _image_pages(paths: tuple[Path, ...], numbers: tuple[int, ...] | None, min_pixels: int,
+                 max_pixels: int, quality: int, ocr: OcrPolicy, first: int,
+                 last: int | None) -> Iterator[IngestedPage]:
     stop = len(paths) if last is None else min(last, len(paths))
     for number in range(first, stop + 1):
         path = paths[number - 1]
@@ -209,4 +250,5 @@ def _image_pages(paths: tuple[Path, ...], min_pixels: int, max_pixels: int, qual
             text, source = ocr_mod.ocr_image(image), "ocr"
         role, heads = describe(_plain_lines(text), number, len(paths))
         yield IngestedPage(number, text, source, encode_jpeg(image, size, quality), *size,
-                           role=role, headings=heads)
+                           role=role, headings=heads,
+                           source_number=None if numbers is None else numbers[number - 1])

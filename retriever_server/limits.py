@@ -19,13 +19,19 @@ class Limits:
     # (up to 51,200 pages, gigabytes) do not.
     max_answer_bytes: int = 64 * 1024 * 1024
     # Crops are rendered per request (nothing cached): at most this many a /batch_crop request,
-    # each at most this many pixels (Qwen2-VL's processor's own default max_pixels).
+    # each at most this many pixels (Qwen2-VL's processor's own default max_pixels), and at most
+    # ``max_crop_request_pixels`` in all, each crop counted at the band's max_pixels: the drawing
+    # one request may cost, checked before anything is drawn (``service.RetrieverService``).
     max_crop_batch: int = contract.MAX_CROP_BATCH
     max_crop_pixels: int = 16384 * 28 * 28
+    max_crop_request_pixels: int = contract.MAX_CROP_REQUEST_PIXELS
 
     def __post_init__(self):
         if self.max_answer_bytes < 1:
             raise ValueError(f"max_answer_bytes must be at least 1, got {self.max_answer_bytes}")
+        if self.max_crop_request_pixels < self.max_crop_pixels:
+            raise ValueError(f"max_crop_request_pixels ({self.max_crop_request_pixels}) must be at least "
+                             f"max_crop_pixels ({self.max_crop_pixels}): one crop at the largest band must fit")
 
 
 _ID_ECHO = 80  # how much of a bad id/spec we quote back

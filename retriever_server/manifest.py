@@ -6,6 +6,11 @@ contiguous and sorted by page number, which is what lets search slice one docume
 A PDF document's entry names the copy of its PDF kept inside the index (``pdf``:
 ``sources/<n>.pdf``), which crops render from. The field is optional: indexes built before
 crops (and page-image documents) have none, and crop from the stored page images instead.
+
+A page's ``page`` is its position in the document (1..n, what the wire's page ids say). A page of
+an image folder whose file names number the images also records that number, ``source_number``
+(``ingest.image_numbers``; written only when set, so other manifests are unchanged): a folder
+missing slide 3 serves slides 1, 2, 4, ... as pages 1, 2, 3, ..., with source numbers 1, 2, 4.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import json
 import os
 import re
 import stat
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import islice
 from pathlib import Path
 
 FORMAT = "vrag-retriever-index"
@@ -48,6 +55,9 @@ class PageEntry:
     # Optional (absent in indexes built before page roles): see retriever_server.roles / headings.
     role: str = "body"
     headings: list[str] = field(default_factory=list)
+    # Optional (absent for PDF pages, unnumbered folders and older indexes): the number in the
+    # page image's file name, e.g. its slide number (``ingest.image_numbers``).
+    source_number: int | None = None
 
 
 @dataclass(frozen=True)
@@ -71,7 +81,21 @@ class Manifest:
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False, indent=1)
+        data = asdict(self)
+        for page in data["pages"]:
+            if page["source_number"] is None:  # keeps manifests without numbers as they were
+                del page["source_number"]
+        return json.dumps(data, ensure_ascii=False, indent=1)
+
+    def source_numbers(self) -> dict[str, list[int]]:
+        """{doc_id: the own number of each of its pages, page 1 first} of the documents whose
+        images are numbered (``PageEntry.source_number``); other documents are left out."""
+        out = {}
+        for doc in self.docs:
+            rows = self.pages[doc.first_row:doc.first_row + doc.num_pages]
+            if rows and rows[0].source_number is not None:
+                out[doc.doc_id] = [entry.source_number for entry in rows]
+        return out
 
     @classmethod
     def from_json(cls, raw: str) -> "Manifest":
@@ -96,6 +120,7 @@ class Manifest:
             for number, entry in enumerate(rows, start=1):
                 if entry.doc_id != doc.doc_id or entry.page != number:
                     raise ValueError(f"manifest: pages of {doc.doc_id!r} are not 1..{doc.num_pages}")
+            _check_source_numbers(doc.doc_id, [entry.source_number for entry in rows])
         if sum(d.num_pages for d in self.docs) != len(self.pages):
             raise ValueError("manifest: page count mismatch")
         for doc in self.docs:
@@ -104,6 +129,27 @@ class Manifest:
         for entry in self.pages:
             if not IMAGE_NAME_RE.match(entry.image):
                 raise ValueError(f"manifest: refusing image name {entry.image!r}")
+
+
+def _check_source_numbers(doc_id: str, numbers: list) -> None:
+    """A document's source numbers are all absent, or all integers >= 0 in increasing order."""
+    if all(n is None for n in numbers):
+        return
+    if not all(type(n) is int and n >= 0 for n in numbers) or any(
+            a >= b for a, b in zip(numbers, numbers[1:])):
+        raise ValueError(f"manifest: source numbers of {doc_id!r} are not increasing integers")
+
+
+def missing_numbers(numbers: Sequence[int], limit: int | None = None) -> list[int]:
+    """The numbers a numbered folder's images skip (at most ``limit`` of them, smallest first):
+    those absent between 1 and its largest number when the folder counts pages from 1 (its
+    smallest number is at most its image count, so slides lost at the start count too), else
+    those absent between its smallest and largest. Slides lost after the last image cannot be
+    told from the folder alone."""
+    present = set(numbers)
+    low = 1 if min(numbers) <= len(numbers) else min(numbers)
+    absent: Iterator[int] = (k for k in range(low, max(numbers) + 1) if k not in present)
+    return list(absent if limit is None else islice(absent, limit))
 
 
 def read_manifest(index_dir: Path, dir_fd: int | None = None) -> Manifest:

@@ -1,9 +1,11 @@
 """The retriever's request handling, without HTTP: validate, search, fetch or crop, render the
 answer's bytes in the negotiated format (``contract.JSON`` or ``contract.MSGPACK``, see ``wire``).
 
-``RequestError`` marks a request-level problem (the app answers 422), ``AnswerTooLarge`` an
-answer over ``Limits.max_answer_bytes`` (413: checked before searching or reading a page, and on
-the rendered bytes, see ``answer_size``); item-level problems become
+``RequestError`` marks a request-level problem (the app answers 422; for crops, also more
+drawing than ``Limits.max_crop_request_pixels``, checked before anything is drawn),
+``AnswerTooLarge`` an answer over ``Limits.max_answer_bytes`` (413: checked before searching,
+reading a page or drawing a crop, and on the rendered bytes, see ``answer_size``); item-level
+problems become
 ``{"id": "error", "contents": reason}`` items inside an otherwise normal answer.
 """
 
@@ -179,6 +181,21 @@ class RetrieverService:
                                page=page, mime="image/jpeg", box=[float(v) for v in box],
                                width=crop.width, height=crop.height, source=crop.source)
 
+    def check_crop_cost(self, crops: int, band: regions.Band, form: str) -> None:
+        """Refuse, before anything is drawn, ``crops`` crops in ``band`` whose pixels could pass
+        ``Limits.max_crop_request_pixels`` (`RequestError`: drawing holds the pdfium lock every
+        crop request shares) or whose answer could pass the answer limit (`AnswerTooLarge`). Each
+        crop counts at ``band.max_pixels``, the most it can have."""
+        pixels, limit = crops * band.max_pixels, self.limits.max_crop_request_pixels
+        if pixels > limit:
+            fit = contract.crops_per_request(band.max_pixels, limit)
+            raise RequestError(f"{crops} crops of up to {band.max_pixels:,} pixels could draw "
+                               f"{pixels:,} pixels; the limit is {limit:,} pixels per request (crops "
+                               f"are drawn under one lock that every request shares). Send at most "
+                               f"{fit} crops per request at this max_pixels, or ask for a smaller "
+                               f"max_pixels")
+        self.budget.check_crops(crops, band.max_pixels, self.jpeg_quality, form)
+
     def batch_crop(self, ids: list[str] | str, pages: list[int], boxes: list, band: regions.Band,
                    form: str = contract.JSON) -> bytes:
         """One image (or error item) per crop: ``boxes[i]`` of page ``pages[i]`` of ``ids[i]``,
@@ -197,10 +214,12 @@ class RetrieverService:
                                f"per crop (or a single string for all)")
         if problem := regions.band_problem(band, self.limits.max_crop_pixels):
             raise RequestError(problem)
+        plans = [self._crop_plan(doc_id, page, box)
+                 for doc_id, page, box in zip(ids, pages, boxes, strict=True)]
+        self.check_crop_cost(sum(plan is None for plan in plans), band, form)  # None: to draw
         with Cropper(self.backend, self.jpeg_quality) as cropper:
-            tree = [self._crop_plan(doc_id, page, box)
-                    or self._crop_node(cropper, doc_id, page, box, band, form)
-                    for doc_id, page, box in zip(ids, pages, boxes, strict=True)]
+            tree = [plan or self._crop_node(cropper, doc_id, page, box, band, form)
+                    for plan, doc_id, page, box in zip(plans, ids, pages, boxes, strict=True)]
         return self.budget.check_rendered(
             wire.render(tree, form), form,
             lambda size: answer_size.crop_advice(n, size, self.budget.max_bytes))

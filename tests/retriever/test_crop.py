@@ -319,6 +319,80 @@ def test_an_answer_over_the_size_limit_is_refused_whole(crop_index):
     assert r.status_code == 413 and "Crop fewer regions" in r.json()["detail"]
 
 
+# --- the cost of a request, bounded before anything is drawn (issue 32, defect 7)
+
+
+@pytest.fixture
+def draws(monkeypatch):
+    """Every crop drawn: `Cropper.crop` counts, then draws as usual (`draws.fake = True`: fails
+    each crop instead, so a test of a refusal stays fast on a server that would draw)."""
+    from retriever_server import cropping
+
+    real, calls = cropping.Cropper.crop, []
+
+    def counted(self, doc_id, page, box, band):
+        calls.append((doc_id, page))
+        if counted.fake:
+            raise RuntimeError("drawn")
+        return real(self, doc_id, page, box, band)
+
+    counted.fake = False
+    monkeypatch.setattr(cropping.Cropper, "crop", counted)
+    return counted, calls
+
+
+LARGE = 16384 * 28 * 28  # the largest band a server accepts (Limits.max_crop_pixels)
+
+
+@pytest.mark.parametrize("limits, crops, band, status, words", [
+    # the answer could pass the size limit: refused by its worst case, not after drawing
+    ({"max_answer_bytes": 50_000}, 2, BAND, 413, "could hold 2 crops of up to 1,003,520 pixels"),
+    # too much drawing for one request: the issue's 64 crops at the largest band, and just over the limit
+    ({}, 64, {"min_pixels": 784, "max_pixels": LARGE}, 422, "Send at most 5 crops per request"),
+    ({}, 6, {"min_pixels": 784, "max_pixels": LARGE}, 422, "the limit is 64,225,280 pixels per request"),
+    ({"max_crop_request_pixels": LARGE}, 2, {"min_pixels": 784, "max_pixels": LARGE}, 422, "at most 1 crops"),
+])
+def test_a_request_that_could_cost_too_much_is_refused_before_anything_is_drawn(crop_index, draws, limits,
+                                                                                 crops, band, status, words):
+    counted, calls = draws
+    counted.fake = True
+    with TestClient(create_app(crop_index, limits=Limits(**limits))) as http:
+        r = http.post("/batch_crop", json={"id": "marks", "page": [1] * crops, "box": [[0, 0, 1, 1]] * crops, **band})
+    assert (r.status_code, calls) == (status, [])
+    assert words in r.json()["detail"]
+
+
+def test_items_answered_with_an_error_are_not_counted_and_a_normal_request_is_drawn(crop_index, draws):
+    _, calls = draws
+    # room for exactly the two crops that can be drawn
+    limits = Limits(max_crop_pixels=BAND["max_pixels"], max_crop_request_pixels=2 * BAND["max_pixels"])
+    with TestClient(create_app(crop_index, limits=limits)) as http:
+        items = crop(http, ["marks", "marks", "nowhere", "marks"], [1, 2, 1, 9], [[0, 0, 1, 1]] * 4, **BAND)
+    assert [i.get("code") for i in items] == [None, None, contract.UNKNOWN_DOCUMENT, contract.PAGE_OUT_OF_RANGE]
+    assert calls == [("marks", 1), ("marks", 2)]
+    for item in items[:2]:
+        in_band(item)
+
+
+def test_the_rollouts_default_chunk_fits_in_messagepack_and_json_is_told_how_many_fit(crop_index):
+    """64 crops at the default band (the client's chunk) fit the default limits as MessagePack, the
+    rollout client's format; as JSON their worst case is over 64 MiB, and the refusal says what fits."""
+    from retriever_server.regions import Band
+    from retriever_server.service import RequestError
+
+    service = create_app(crop_index).state.index.current.service
+    band = Band(BAND["min_pixels"], BAND["max_pixels"], 28)
+    service.check_crop_cost(contract.MAX_CROP_BATCH, band, contract.MSGPACK)
+    assert contract.crops_per_request(BAND["max_pixels"]) == contract.MAX_CROP_BATCH
+    assert contract.crops_per_request(LARGE) == 5
+    with pytest.raises(RequestError):
+        service.check_crop_cost(contract.MAX_CROP_BATCH, Band(784, LARGE, 28), contract.MSGPACK)
+    from retriever_server.answer_size import AnswerTooLarge
+
+    with pytest.raises(AnswerTooLarge, match=r"up to 81.8 MiB as JSON.*at most about 50\).*MessagePack answers"):
+        service.check_crop_cost(contract.MAX_CROP_BATCH, band, contract.JSON)
+
+
 def test_an_index_without_pdf_copies_loads_and_crops_from_its_page_images(legacy_index, seen):
     with TestClient(create_app(legacy_index)) as old:
         items = crop(old, ["marks", "safety_manual", "scans"], [2, 1, 1],

@@ -430,6 +430,20 @@ def test_crop_happy_path_and_the_body_sent(fake):
                     "min_pixels": 784, "max_pixels": 784 * 64, "factor": 28}
 
 
+def test_crops_at_a_large_band_are_sent_in_requests_the_server_accepts(fake):
+    """A request may draw at most `contract.MAX_CROP_REQUEST_PIXELS` (each crop counted at max_pixels):
+    at the largest band only a few crops fit one request, and the client chunks by that."""
+    from retriever_server import contract
+
+    max_pixels = 16384 * 28 * 28
+    fit = contract.crops_per_request(max_pixels)
+    assert 1 <= fit < contract.MAX_CROP_BATCH
+    with client_for(fake, max_concurrency=1) as client:
+        res = client.batch_crop(["manual_v2"] * (fit + 1), [1] * (fit + 1), [[0, 0, 1, 1]] * (fit + 1), 784, max_pixels)
+    assert all(isinstance(r, RetrievedPage) for r in res)
+    assert [len(body["id"]) for _, _, body in fake.requests] == [fit, 1]
+
+
 def test_crop_timeouts_are_retried_then_fail_every_item(fake):
     fake.script = [("hang",)] * 3
     with client_for(fake, timeout=0.3, retries=2, backoff=0.01) as client:

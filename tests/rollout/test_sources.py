@@ -3,12 +3,19 @@ written here by hand in small files, read into rows checked against hand-written
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
 
+from retriever_server.app import create_app
+from retriever_server.indexer import build_index
 from vrag_rollout.cli import main as cli_main
 from vrag_rollout.core.reward import score_response
 from vrag_rollout.data import dataset, sources
@@ -84,6 +91,101 @@ def test_slidevqa_malformed_rows_name_line_and_field(tmp_path, row, field):
         dataset.convert_dataset(src, tmp_path / "t.parquet", source_format="slidevqa")
     assert (caught.value.where, caught.value.field) == ("line 2", field)
     assert not (tmp_path / "t.parquet").exists()
+
+
+# --- SlideVQA decks missing slides (issue 32, defect 6): the download skips slides that 404
+
+
+def slide_colour(k: int) -> tuple:
+    """Slide k's own colour, so a served page can be told to be slide k whatever its position."""
+    return (12 * k, 250 - 12 * k, 60 + 9 * k)
+
+
+def write_deck(root: Path, deck: str, slides) -> Path:
+    """`images/test/<deck>/` as SlideVQA's download leaves it: `<deck>-<slide>-1024.jpg` for the
+    slides it got."""
+    folder = root / "images" / "test" / deck
+    folder.mkdir(parents=True)
+    for k in slides:
+        Image.new("RGB", (64, 48), slide_colour(k)).save(folder / f"{deck}-{k}-1024.png")
+    return folder
+
+
+def served_slide(http, deck: str, page: int) -> int:
+    """Which slide the retriever serves as `page` of `deck` (by its colour)."""
+    (item,) = http.post("/batch_fetch", json={"query": [f"image, {page}"], "id": [deck]}).json()
+    image = Image.open(io.BytesIO(base64.b64decode(item["contents"]))).convert("RGB")
+    colour = np.asarray(image, dtype=float).reshape(-1, 3).mean(axis=0)
+    return min(range(1, 21), key=lambda k: float(np.abs(colour - slide_colour(k)).sum()))
+
+
+@pytest.fixture
+def gappy_deck(tmp_path):
+    """A deck whose slides 3 and 7 failed to download, and a complete one, indexed."""
+    decks = [write_deck(tmp_path, "tokyo-olympics-2020-deck", [k for k in range(1, 11) if k not in (3, 7)]),
+             write_deck(tmp_path, "v2.0-roadmap", range(1, 6))]
+    return build_index(decks, tmp_path / "index", progress=False, ocr="off")
+
+
+def test_slidevqa_evidence_pages_are_mapped_to_the_slides_the_index_serves(tmp_path, gappy_deck):
+    src = write_jsonl(tmp_path / "test.jsonl", [slide_qa(1, pages=[2, 4]), slide_qa(2, pages=[8]),
+                                                slide_qa(3, deck="v2.0-roadmap", pages=[1, 5])])
+    rows, report = convert(tmp_path, "slidevqa", src, index_dir=gappy_deck)
+    # slides 4 and 8 are served as pages 3 and 6 (slides 3 and 7 are missing; written as positions, pages 4
+    # and 8 would show slides 5 and 10); a complete deck is as before
+    assert [row["gold_pages"] for row in rows] == [[2, 3], [6], [1, 5]]
+    assert [row["answer"]["gold_pages"] for row in rows] == [[2, 3], [6], [1, 5]]
+    with TestClient(create_app(gappy_deck)) as http:
+        for row, evidence in zip(rows, ([2, 4], [8], [1, 5])):
+            assert [served_slide(http, row["doc_id"], page) for page in row["gold_pages"]] == evidence
+    assert report.numbering_gaps == [{"doc_id": "tokyo-olympics-2020-deck", "missing": [3, 7],
+                                      "gold_pages": "mapped by image number"}]
+    assert pq.read_table(tmp_path / "slidevqa.parquet").to_pydict()["page_count"] == [8, 8, 5]
+
+
+def test_a_slide_the_deck_lacks_is_refused_naming_the_deck_and_its_missing_slides(tmp_path, gappy_deck, capsys):
+    src = write_jsonl(tmp_path / "test.jsonl", [slide_qa(1, pages=[2]), slide_qa(2, pages=[5, 7])])
+    with pytest.raises(dataset.DatasetError) as caught:
+        dataset.convert_dataset(src, tmp_path / "t.parquet", source_format="slidevqa", index_dir=gappy_deck)
+    assert (caught.value.where, caught.value.field) == ("line 2", "evidence_pages.1")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "slide 7 of deck 'tokyo-olympics-2020-deck' is not in the index" in message
+    assert "lacks slides 3, 7" in message and "--drop-missing" in message
+    assert not (tmp_path / "t.parquet").exists()
+    rows, report = convert(tmp_path, "slidevqa", src, index_dir=gappy_deck, drop_missing=True)
+    assert [row["question_id"] for row in rows] == ["1"] and report.dropped == ["2"]
+    assert report.missing_pages == [{"question_id": "2", "doc_id": "tokyo-olympics-2020-deck", "pages": [7],
+                                     "lacking": [3, 7], "where": "line 2"}]
+    # the CLI says it in one line, and lists what it dropped
+    out = tmp_path / "cli.parquet"
+    assert cli_main(["convert-dataset", str(src), "--from", "slidevqa", "--index", str(gappy_deck),
+                     "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "slide 7 of deck 'tokyo-olympics-2020-deck'" in err
+    assert cli_main(["convert-dataset", str(src), "--from", "slidevqa", "--index", str(gappy_deck),
+                     "--out", str(out), "--drop-missing"]) == 0
+    printed = capsys.readouterr().out
+    assert "gold page(s) [7] not among the images of 'tokyo-olympics-2020-deck' (it lacks 3, 7)" in printed
+    assert "'tokyo-olympics-2020-deck' has no image numbered 3, 7" in printed
+
+
+def test_a_slide_after_the_decks_last_image_is_missing_too(tmp_path, gappy_deck):
+    src = write_jsonl(tmp_path / "test.jsonl", [slide_qa(1, deck="v2.0-roadmap", pages=[6])])
+    with pytest.raises(dataset.DatasetError,
+                       match=r"slide 6 of deck 'v2.0-roadmap' is not in the index.*lacks slides 6;"):
+        dataset.convert_dataset(src, tmp_path / "t.parquet", source_format="slidevqa", index_dir=gappy_deck)
+
+
+def test_other_layouts_keep_positions_and_the_report_names_the_gaps(tmp_path, gappy_deck):
+    # a VRAG-layout question about the same folder: its pages are positions, as before; the gap is reported
+    src = write_jsonl(tmp_path / "qa.jsonl", [{"uid": "q", "query": "?", "reference_answer": "x",
+                                               "meta_info": {"file_name": "tokyo-olympics-2020-deck",
+                                                             "reference_page": [3]}}])
+    rows, report = convert(tmp_path, "vidoseek", src, index_dir=gappy_deck)
+    assert rows[0]["gold_pages"] == [3]
+    assert report.numbering_gaps == [{"doc_id": "tokyo-olympics-2020-deck", "missing": [3, 7],
+                                      "gold_pages": "read as positions"}]
 
 
 # --- MMLongBench-Doc: data/samples.json, a JSON array; evidence_pages a list in a string

@@ -48,6 +48,17 @@ With a retriever index (`index_dir`; a path that is not one raises `IndexDirErro
 - a gold page past its document's end in the index is never written: the row raises
   `DatasetError` (line, page, the document's page count), or with `drop_missing` is left out and
   listed (`pages_out_of_range`, `dropped`). Without an index page counts are not checked.
+- gold pages that a set writes as the numbers in its page images' file names (SlideVQA's slide
+  numbers: `_source.pages_are_numbers`) are mapped through the numbers the index recorded for
+  that folder (`Manifest.source_numbers`) to the positions the retriever serves them at: a deck
+  missing slide 3 serves slide 4 as page 3, and a gold slide 4 is written as 3. A gold slide the
+  folder lacks raises `DatasetError` naming the deck and the slides it lacks, or with
+  `drop_missing` is left out and listed (`missing_pages`, `dropped`). Pages of other layouts, and
+  of folders whose images are not numbered (or an index from before numbers were recorded), are
+  positions, as before.
+- each document a question uses whose numbered images skip numbers is listed once
+  (`numbering_gaps`: its missing numbers and whether its gold pages were mapped by number or read
+  as positions).
 Nothing is dropped silently.
 
 `source_format` (`convert-dataset --from`) names the input's layout: "vidoseek" (the default) is
@@ -151,6 +162,8 @@ class ConversionReport:
     index: Optional[str] = None
     missing_documents: list = field(default_factory=list)   # {question_id, doc_id, where}
     pages_out_of_range: list = field(default_factory=list)  # {question_id, doc_id, pages, num_pages, where}
+    missing_pages: list = field(default_factory=list)        # {question_id, doc_id, pages, lacking, where}
+    numbering_gaps: list = field(default_factory=list)       # {doc_id, missing, gold_pages}
     dropped: list = field(default_factory=list)              # question ids left out
     validation: int = 0  # of the written rows, those in the validation file
     unanswerable: int = 0  # of the written rows, those a public set marks unanswerable (kept)
@@ -159,7 +172,8 @@ class ConversionReport:
         return {"rows": self.rows, "written": self.written, "validation": self.validation,
                 "unanswerable": self.unanswerable, "index": self.index,
                 "missing_documents": self.missing_documents,
-                "pages_out_of_range": self.pages_out_of_range, "dropped": self.dropped}
+                "pages_out_of_range": self.pages_out_of_range, "missing_pages": self.missing_pages,
+                "numbering_gaps": self.numbering_gaps, "dropped": self.dropped}
 
 
 EXPECTED_INPUT = ('expected a JSON array of questions, {"data": [...]} or {"examples": [...]} (an object holding '
@@ -268,6 +282,55 @@ def _pages_past_end(where: str, question: _Question, doc_id: str, num_pages: int
             "where": where}
 
 
+SHOWN_NUMBERS = 10  # missing image numbers named per document in messages
+LISTED_NUMBERS = 100  # missing image numbers listed per document in the report (the smallest)
+# What a set calls its pages and documents, and why one may lack an image, in messages about
+# missing page images.
+_WORDS = {"slidevqa": ("slide", "deck", "; SlideVQA's download skips slides that fail with 404")}
+
+
+def _shown(numbers: list) -> str:
+    return ", ".join(map(str, numbers[:SHOWN_NUMBERS])) + (", ..." if len(numbers) > SHOWN_NUMBERS else "")
+
+
+def _pages_by_number(where: str, question: _Question, source: dict, doc_id: str, numbers: list,
+                     drop: bool) -> tuple[Optional[list], Optional[dict]]:
+    """Gold pages written as the numbers of a document's page images (`source["pages_are_numbers"]`),
+    as the positions the retriever serves those images at: `(pages, None)`. A number no image of
+    the document carries is never written: `DatasetError` naming the document and the numbers it
+    lacks, or with `drop`, `(None, its report entry)`. `numbers`: each page's own number, page 1
+    first (`Manifest.source_numbers`); the set's pages are read in its own numbering."""
+    from retriever_server.manifest import missing_numbers
+
+    position = {number: k for k, number in enumerate(numbers, start=1)}
+    own = [page - 1 + source["page_base"] for page in question.meta_info.reference_page]
+    absent = [(i, number) for i, number in enumerate(own) if number not in position]
+    if not absent:
+        return sorted({position[number] for number in own}), None
+    lacking = sorted(set(missing_numbers(numbers, LISTED_NUMBERS)) | {number for _, number in absent})
+    if drop:
+        return None, {"question_id": str(question.uid), "doc_id": doc_id,
+                      "pages": sorted({number for _, number in absent}), "lacking": lacking, "where": where}
+    item, document, why = _WORDS.get(source["set"], ("page", "document", ""))
+    position_in_row, number = absent[0]
+    raise DatasetError(where, f"{source['page_field']}.{position_in_row}",
+                       f"{item} {number} of {document} {doc_id!r} is not in the index: its folder has no image "
+                       f"numbered {number} (the {document} lacks {item}s {_shown(lacking)}{why}). Add the missing "
+                       f"images and re-index, or leave such questions out with --drop-missing")
+
+
+def _note_gaps(report: ConversionReport, doc_id: str, numbers: Optional[list], mapped: bool) -> None:
+    """List a document's numbering gaps (the smallest `LISTED_NUMBERS`) in the report, once per document."""
+    from retriever_server.manifest import missing_numbers
+
+    if numbers is None or any(gap["doc_id"] == doc_id for gap in report.numbering_gaps):
+        return
+    missing = missing_numbers(numbers, LISTED_NUMBERS)
+    if missing:
+        report.numbering_gaps.append({"doc_id": doc_id, "missing": missing,
+                                      "gold_pages": "mapped by image number" if mapped else "read as positions"})
+
+
 QUESTION_MARK = "\nQuestion: "  # where `make_prompt` joins the instructions and the question
 
 
@@ -287,9 +350,12 @@ def _set_records(source_format: str, path: Path) -> Iterator[tuple[str, Any]]:
 
 def convert_rows(path: Path, *, page_base: int = 1, documents: Optional[dict] = None,
                  drop_missing: bool = False, report: Optional[ConversionReport] = None,
-                 action_format: str = "tags", source_format: str = "vidoseek", region_action: bool = False) -> dict:
-    """Column lists for the parquet; `documents` ({doc_id: num_pages}) enables the index report;
-    `source_format` names the input's layout (see the module docstring)."""
+                 action_format: str = "tags", source_format: str = "vidoseek", region_action: bool = False,
+                 source_numbers: Optional[dict] = None) -> dict:
+    """Column lists for the parquet; `documents` ({doc_id: num_pages}) enables the index report,
+    `source_numbers` ({doc_id: each page's own image number, page 1 first}, for the index's
+    numbered image folders) the mapping of gold pages written as those numbers; `source_format`
+    names the input's layout (see the module docstring)."""
     if page_base not in (0, 1):
         raise ValueError(f"page_base must be 0 or 1, got {page_base}")
     if action_format not in INSTRUCTIONS:
@@ -321,11 +387,22 @@ def convert_rows(path: Path, *, page_base: int = 1, documents: Optional[dict] = 
                     report.dropped.append(qid)
                     continue
             else:
-                past = _pages_past_end(where, question, doc_id, documents[doc_id], page_base, drop_missing)
-                if past is not None:
-                    report.pages_out_of_range.append(past)
-                    report.dropped.append(qid)
-                    continue
+                numbers = (source_numbers or {}).get(doc_id)
+                by_number = numbers is not None and bool(source and source.get("pages_are_numbers"))
+                _note_gaps(report, doc_id, numbers, by_number)
+                if by_number:
+                    mapped, lacking = _pages_by_number(where, question, source, doc_id, numbers, drop_missing)
+                    if lacking is not None:
+                        report.missing_pages.append(lacking)
+                        report.dropped.append(qid)
+                        continue
+                    pages = mapped
+                else:
+                    past = _pages_past_end(where, question, doc_id, documents[doc_id], page_base, drop_missing)
+                    if past is not None:
+                        report.pages_out_of_range.append(past)
+                        report.dropped.append(qid)
+                        continue
         truth = {"answer": question.reference_answer, "doc_id": doc_id, "gold_pages": pages}
         if source is not None:
             truth["answerable"] = bool(question.model_extra["answerable"])
@@ -349,6 +426,12 @@ def convert_rows(path: Path, *, page_base: int = 1, documents: Optional[dict] = 
 def index_documents(index_dir: Path) -> dict:
     """{doc_id: num_pages} of a retriever index, through its public manifest reader; raises
     `IndexDirError` saying what is wrong with a path that is not a readable index."""
+    return {doc.doc_id: doc.num_pages for doc in index_manifest(index_dir).docs}
+
+
+def index_manifest(index_dir: Path):
+    """The manifest (`retriever_server.manifest.Manifest`) of a retriever index; raises
+    `IndexDirError` saying what is wrong with a path that is not a readable index."""
     from retriever_server.manifest import MANIFEST_NAME, read_manifest
 
     index_dir = Path(index_dir)
@@ -363,7 +446,7 @@ def index_documents(index_dir: Path) -> dict:
         manifest = read_manifest(index_dir)
     except (OSError, ValueError) as error:
         raise IndexDirError(index_dir, f"unreadable {MANIFEST_NAME}: {error}") from error
-    return {doc.doc_id: doc.num_pages for doc in manifest.docs}
+    return manifest
 
 
 def convert_dataset(source: Path, out: Path, *, index_dir: Optional[Path] = None, page_base: int = 1,
@@ -384,10 +467,12 @@ def convert_dataset(source: Path, out: Path, *, index_dir: Optional[Path] = None
     if split_of not in SPLIT_KEYS:
         raise ValueError(f"split_of must be one of {sorted(SPLIT_KEYS)}, got {split_of!r}")
     report = ConversionReport(index=str(index_dir) if index_dir is not None else None)
-    documents = index_documents(index_dir) if index_dir is not None else None
+    manifest = index_manifest(index_dir) if index_dir is not None else None
+    documents = {doc.doc_id: doc.num_pages for doc in manifest.docs} if manifest is not None else None
     columns = convert_rows(Path(source), page_base=page_base, documents=documents,
                            drop_missing=drop_missing, report=report, action_format=action_format,
-                           source_format=source_format, region_action=region_action)
+                           source_format=source_format, region_action=region_action,
+                           source_numbers=manifest.source_numbers() if manifest is not None else None)
     write = _write_parquet if layout == "easyr1" else (lambda cols, path: _write_verl(cols, path, data_source))
     if val_out is None:
         write(columns, Path(out))
@@ -533,4 +618,10 @@ def convert_dataset_command(source: Path, out: Path, *, index_dir: Optional[Path
             past = [page for page in item["pages"] if page > item["num_pages"]]
             print(f"  dropped: {item['where']}: question {item['question_id']}: gold page(s) {past} past the end "
                   f"of {item['doc_id']!r} ({item['num_pages']} pages)")
+        for item in report.missing_pages:
+            print(f"  dropped: {item['where']}: question {item['question_id']}: gold page(s) {item['pages']} not "
+                  f"among the images of {item['doc_id']!r} (it lacks {_shown(item['lacking'])})")
+        for gap in report.numbering_gaps:
+            print(f"  gaps: {gap['doc_id']!r} has no image numbered {_shown(gap['missing'])}; its gold pages "
+                  f"were {gap['gold_pages']}")
     return 0

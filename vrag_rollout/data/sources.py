@@ -7,12 +7,15 @@ question layout `vrag_rollout.data.dataset` converts, with pages already counted
     {"uid": ..., "query": ..., "reference_answer": ...,
      "meta_info": {"file_name": ..., "reference_page": [1-based pages]},
      "answerable": true | false,
-     "_source": {"set", "doc_id", "kind", "page_field", "page_base"}}
+     "_source": {"set", "doc_id", "kind", "page_field", "page_base", "id_field",
+                 "pages_are_numbers"}}
 
 `_source` says where the record came from, so that a later error (a gold page past its
 document's end in the index, a repeated question id) names the set's own field and page number; `doc_id` is the id
 `vrag-retriever index` gives the document (a PDF's stem, an image folder's name) and `kind`
-whether the index must hold a PDF ("pdf") or a folder of page images ("images").
+whether the index must hold a PDF ("pdf") or a folder of page images ("images");
+`pages_are_numbers` is true where the gold pages are the numbers in the page images' file names
+(SlideVQA's slide numbers), not positions in the document.
 A malformed row raises `SourceError` naming its line or item and the set's own field (list
 positions counted from 0, as in `questions.2.page_id.1`); nothing is guessed or skipped.
 Answers that are numbers are written as their source text (`3.50` stays "3.50"); true/false and
@@ -33,10 +36,17 @@ What each reader reads (facts from the sets' own releases; field names as they s
   `qa_id`, `question`, `answer`, `evidence_pages` (a list of pages "1 - 20", 1-based), plus
   `deck_url`, `image_urls`, `arithmetic_expression`, `reasoning_type`, `answer_type` (not read).
   Documents are decks of 20 slide images; its download script saves them as
-  `images/<split>/<deck_name>/<image file>`, so a deck is a folder of images named `deck_name`
-  (kind "images"; the index orders a folder's images naturally, which must be slide order).
-  No unanswerable label. The Hugging Face copy (NTT-hil-insight/SlideVQA, parquet with the slides
-  as image columns) is not read here: export its QA fields as JSON Lines and its slides as folders.
+  `images/<split>/<deck_name>/<image file>`, the file named as the last part of its URL
+  (SlideShare's `<deck>-<slide>-<width>.jpg`), so a deck is a folder of images named `deck_name`
+  (kind "images"). The README warns that some slides fail to download (404): a deck folder may lack
+  slides. The index records each image's own slide number from its file name
+  (`retriever_server.ingest.image_numbers`) while numbering pages by position, so evidence pages
+  are slide numbers to map, not positions: the record says so (`_source.pages_are_numbers`) and
+  `dataset.convert_rows` maps them through the index, refusing (or dropping) a question whose
+  evidence slide the deck lacks. No unanswerable label.
+  The Hugging Face copy (NTT-hil-insight/SlideVQA, parquet with the slides as image columns) is
+  not read here: export its QA fields as JSON Lines and its slides as folders, each image named
+  by its slide number (`slide_3.png`).
 - `mmlongbench-doc`: github.com/mayubo2333/MMLongBench-Doc, `data/samples.json` (also the
   Hugging Face dataset yubo2333/MMLongBench-Doc): one JSON array; per question `doc_id` (the PDF's
   file name, `data/documents/<doc_id>`), `question`, `answer` (a string; list answers are written
@@ -242,12 +252,13 @@ def _stem(file_name: str) -> str:
 
 
 def _record(uid: str, query: str, answer: str, file_name: str, pages: list, *, answerable: bool, set_name: str,
-            doc_id: str, kind: str, page_field: str, page_base: int, id_field: str) -> dict:
+            doc_id: str, kind: str, page_field: str, page_base: int, id_field: str,
+            pages_are_numbers: bool = False) -> dict:
     return {"uid": uid, "query": query, "reference_answer": answer,
             "meta_info": {"file_name": file_name, "reference_page": pages},
             "answerable": answerable,
             "_source": {"set": set_name, "doc_id": doc_id, "kind": kind, "page_field": page_field,
-                        "page_base": page_base, "id_field": id_field}}
+                        "page_base": page_base, "id_field": id_field, "pages_are_numbers": pages_are_numbers}}
 
 
 # --- one reader per set
@@ -273,7 +284,8 @@ def read_slidevqa(path: Path) -> Iterator[tuple[str, dict]]:
         yield where, _record(_id_text(where, row, "qa_id"), _text(where, row, "question"), _answer(where, row, "answer"),
                              deck, _pages(where, _field(where, row, "evidence_pages"), "evidence_pages", 1),
                              answerable=True, set_name="slidevqa", doc_id=deck, kind="images",
-                             page_field="evidence_pages", page_base=1, id_field="qa_id")
+                             page_field="evidence_pages", page_base=1, id_field="qa_id",
+                             pages_are_numbers=True)
 
 
 def _page_list_text(where: str, value: Any, path: str) -> Any:

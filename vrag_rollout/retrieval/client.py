@@ -36,7 +36,7 @@ every item of it becomes a `RetrieverFailure("overloaded", ...)`. Refusals are c
 `stats.overloaded`, apart from failures. Answers are decoded after the window's slot is given
 back: the window counts requests the server holds, not the client's own work.
 
-Crops (`batch_crop`) go through the same machinery, chunked at most `contract.MAX_CROP_BATCH`
+Crops (`batch_crop`) go through the same machinery, chunked at most `contract.crops_per_request`
 a request; a box that is not a region of a page (`contract.box_problem`) is answered here as a
 "request" failure with the server's own reason, without a round trip.
 
@@ -252,7 +252,9 @@ class RetrieverClient:
             body = crop_body(ids[lo:hi], numbers[lo:hi], regions[lo:hi], min_pixels, max_pixels, factor)
             return "/batch_crop", body, lambda data: parse_crop_results(data, ids[lo:hi], numbers[lo:hi], regions[lo:hi])
 
-        for i, result in zip(sent, self._run(len(sent), chunk, min(self.max_batch, contract.MAX_CROP_BATCH))):
+        # a request may draw only so many pixels: at larger bands, fewer crops a request
+        per_request = min(self.max_batch, contract.crops_per_request(max_pixels))
+        for i, result in zip(sent, self._run(len(sent), chunk, per_request)):
             out[i] = result
         return out
 
