@@ -2,6 +2,7 @@
 
 - `agent_loop`: `VragAgentLoop`, registered as `vrag_agent` when imported (it imports verl, so
   nothing imports it unless verl is used).
+- `images`: a row's prompt images, in each shape verl's dataset writes them, as RGB images.
 - `turns`: a turn's finish and text recovered from verl's token-level answer (pure).
 - `reward`: the project's reward in verl's `compute_score` signature.
 - `local`: verl's worker in this process over a local engine (the check script and the tests).

@@ -25,8 +25,19 @@ trajectories that arrive while all of them are out leave together as the next ba
 calls on their own, as verl's own tool loop does).
 
 Seeds: `request_seed(seed, 0, sample, turn)` with `sample` the row's `vrag_sample` column when
-it has one (tests compare with the EasyR1 rollout at the same seeds), else a number unique in
-the process, so no two trajectories, in a step or across steps, share noise.
+it has one (tests compare with the EasyR1 rollout at the same seeds), else `trajectory_number()`:
+unique in the process and drawn from a random base per process. verl runs several
+`AgentLoopWorker` processes, all at data-parallel rank 0, and splits a step's n copies of a
+prompt across them: a counter that started at the same value in each would give copies in
+different workers the same noise (identical GRPO samples).
+
+Prompt images: as verl's `RLHFDataset` puts them in the messages (a PIL image, a dict with
+`bytes` or `image`, a path or URL string), each read as an RGB PIL image (`images.prompt_images`).
+
+Partial rollouts: verl's resume loop resubmits an aborted request with the same sampling
+parameters; a grammar (`action_regex`, `first_turn_action_regex`) would restart from its
+beginning after the partial text, so the loop refuses a grammar where verl resumes aborted
+requests (`partial_rollouts_on`).
 """
 
 from __future__ import annotations
@@ -34,10 +45,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
+import secrets
 import threading
 import uuid
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
@@ -47,6 +60,7 @@ from ...data.prompts import expand_pads
 from ...rollout.agent import vLLMRolloutAgent
 from ...rollout import tool_batcher
 from ...rollout.schedules import ScheduleClock, run_episode
+from .images import prompt_images
 from .turns import turn_output
 
 AGENT_NAME = "vrag_agent"
@@ -58,7 +72,34 @@ VERL_LOGPROBS_MODE = "processed_logprobs"  # verl's rollout.logprobs_mode defaul
 _agents: dict = {}
 _agents_lock = threading.Lock()
 _preflight_lock = threading.Lock()
-_samples = itertools.count(1 << 20)  # trajectory numbers for seeds, above any row-given index
+ROW_SAMPLES = 1 << 20  # row-given sample indices (`vrag_sample`) stay below this
+
+
+class _TrajectoryNumbers:
+    """Sample numbers (for seeds) of trajectories whose rows give none: consecutive within a
+    process, from a random base drawn by each process on first use, so that no two processes
+    (verl's workers, each at dp rank 0; a forked copy of one) share a number, short of a 2**-40
+    chance per pair."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid: Optional[int] = None
+        self._numbers: Iterator[int] = iter(())
+
+    def next(self) -> int:
+        with self._lock:
+            if self._pid != os.getpid():  # a new process, or a fork of one that had drawn
+                self._pid = os.getpid()
+                self._numbers = itertools.count(ROW_SAMPLES + (secrets.randbits(40) << 20))
+            return next(self._numbers)
+
+
+_trajectory_numbers = _TrajectoryNumbers()
+
+
+def trajectory_number() -> int:
+    """The next sample number of this process for a row without `vrag_sample`."""
+    return _trajectory_numbers.next()
 
 
 class TrainerEngine:
@@ -103,6 +144,34 @@ def end_of_sequence_ids(tokenizer: Any, model_path: str) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+def partial_rollouts_on(server_manager: Any, trainer_config: Any) -> bool:
+    """Whether verl resubmits this loop's aborted requests (partial rollouts), as verl 0.9.1
+    decides it: its `FullyAsyncLLMServerClient` (the fully async trainer's rollouter, the v1
+    async trainers) does unless the config has `async_training.partial_rollout: false`; a config
+    that sets `async_training.partial_rollout: true` says so whatever the client."""
+    from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
+
+    config = getattr(server_manager, "config", None) or trainer_config
+    async_training = config.get("async_training") if hasattr(config, "get") else None
+    setting = async_training.get("partial_rollout") if async_training is not None else None
+    if isinstance(server_manager, FullyAsyncLLMServerClient):
+        return setting is None or bool(setting)
+    return bool(setting)
+
+
+def refuse_grammar_under_partial_rollouts(agent: vLLMRolloutAgent, server_manager: Any, trainer_config: Any) -> None:
+    """A resubmitted request matches its grammar again from the start after the partial text
+    (`<th` + `<think>…`): the merged turn would be neither a sample of the grammar nor the turn an
+    uninterrupted request gives. Refused before any trajectory samples."""
+    grammars = [name for name in ("action_regex", "first_turn_action_regex") if getattr(agent.config, name)]
+    if grammars and partial_rollouts_on(server_manager, trainer_config):
+        raise ValueError(
+            f"vrag_agent: {' and '.join(grammars)} (a grammar on the loop's turns) cannot be used with verl's "
+            "partial rollouts (async_training.partial_rollout, on by default where verl's FullyAsyncLLMServerClient "
+            "serves the loop): a resumed request restarts its grammar after the partial text. Drop the grammar from "
+            "the loop's vrag settings, or set async_training.partial_rollout=false")
+
+
 @register(AGENT_NAME)
 class VragAgentLoop(AgentLoopBase):
     def __init__(self, trainer_config: Any, server_manager: Any, tokenizer: Any, processor: Any, *args: Any,
@@ -113,6 +182,7 @@ class VragAgentLoop(AgentLoopBase):
         self.model_path = model_path or str(self.config.actor_rollout_ref.model.path)
         settings = agent_config(self.rollout_config, dict(vrag or {}))
         self.agent = shared_agent(self.model_path, settings, tokenizer, processor)
+        refuse_grammar_under_partial_rollouts(self.agent, server_manager, self.config)
         self.eos_ids = end_of_sequence_ids(self.agent.tokenizer, self.model_path)
         config = self.agent.config
         self.rollout_meta = {**self.agent.rollout_meta(), "action_format": config.action_format,
@@ -124,7 +194,7 @@ class VragAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict, **kwargs: Any) -> AgentLoopOutput:
         agent = self.agent
         sample = kwargs.get(SAMPLE_COLUMN)
-        episode, prompt_ids = self._episode(kwargs, int(sample) if sample is not None else next(_samples))
+        episode, prompt_ids = self._episode(kwargs, int(sample) if sample is not None else trajectory_number())
         await asyncio.to_thread(self._preflight, episode.doc_id, kwargs.get(agent.config.page_count_key))
         request_id = uuid.uuid4().hex
         clock = ScheduleClock()
@@ -167,8 +237,7 @@ class VragAgentLoop(AgentLoopBase):
         longer row breaks its batch)."""
         agent = self.agent
         messages = row["raw_prompt"]
-        images = [part["image"] for message in messages if isinstance(message.get("content"), list)
-                  for part in message["content"] if isinstance(part, dict) and part.get("type") == "image"]
+        images = prompt_images(messages)
         tools = {"tools": list(tools_for(agent.config))} if agent.config.action_format == "tool_call" else {}
         template = Path(agent.config.chat_template).read_text(encoding="utf-8") if agent.config.chat_template else None
         text = agent.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
