@@ -77,9 +77,13 @@ def _cmd_serve(args) -> int:
               file=sys.stderr)
         return 2
     from .manifest import read_manifest
+    from .suggest import no_index_at
     from .swap import recover
 
     recover(Path(args.index))  # finish or undo a re-index swap that a crash interrupted
+    problem = no_index_at(Path(args.index))  # what is there instead, and the command that builds one
+    if problem is not None:
+        raise FileNotFoundError(f"{args.index}: {problem}")
     manifest = read_manifest(Path(args.index))  # fail fast, in this process, on a bad index dir
     from .encoders import ENV_ENCODER, resolve_encoder
 
@@ -105,7 +109,7 @@ def _cmd_serve(args) -> int:
         os.environ[asgi.ENV_API_KEY] = api_key
     # The factory form lets --workers start several processes, each with its own index copy.
     uvicorn.run("retriever_server.asgi:app_from_env", factory=True, host=args.host, port=args.port,
-                workers=args.workers, log_level=args.log_level, access_log=False)
+                workers=args.workers, log_level=args.log_level, access_log=args.access_log)
     return 0
 
 
@@ -214,6 +218,9 @@ example:
     p.add_argument("--log-level", default="info",
                    help="uvicorn's log level: critical, error, warning, info, debug, trace "
                         "(default %(default)s)")
+    p.add_argument("--access-log", action="store_true",
+                   help="log one line per request on stdout (client, method, path, status), at "
+                        "the info level (default: off; GET /metrics counts requests either way)")
     p.set_defaults(func=_cmd_serve)
 
     p = command("sample-corpus", "write the built-in sample PDFs", """\

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shlex
 import shutil
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -27,6 +28,7 @@ from .imaging import DEFAULT_DPI, DEFAULT_JPEG_QUALITY, DEFAULT_MAX_PIXELS, DEFA
 from .ingest import DocSource, OcrPolicy, count_pages, discover, iter_pages
 from .manifest import (MANIFEST_NAME, DocEntry, Manifest, PageEntry, image_name,
                        missing_numbers, pdf_name, write_manifest)
+from .suggest import fresh_index_dir
 from .swap import new_build_dir, recover, swap_in
 
 CHUNK_PAGES = 16
@@ -90,7 +92,9 @@ def build_index(sources: list[Path], out_dir: Path, *, min_pixels: int = DEFAULT
         raise ValueError(f"jpeg_quality must be in 1..95, got {jpeg_quality}")
     recover(out_dir)  # finish or undo a swap that a crash interrupted (see swap.py)
     if out_dir.exists() and not (out_dir / MANIFEST_NAME).is_file():
-        raise FileExistsError(f"{out_dir} exists and is not an index; refusing to replace it")
+        # Say where it can go: a path that does not exist yet is always accepted.
+        raise FileExistsError(f"{out_dir} exists and is not an index; refusing to replace it: pass an --out "
+                              f"that does not exist yet, e.g. --out {shlex.quote(str(fresh_index_dir(out_dir)))}")
     docs = discover([Path(s) for s in sources])
     OcrPolicy(ocr)  # validate the mode (and tesseract for "on") before any work
     out_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,10 @@ SKIPPED_DOCS = {
     "docs/retriever.md": "run by tests/retriever/test_doc_commands.py",
     "docs/easyr1.md": "needs an EasyR1 checkout and its dependencies (network), a GPU and a real "
                       "checkpoint (Qwen2.5-VL-7B), your qa_train.json and my_index",
+    "docs/datasets.md": "no commands to run; its examples are what tests/rollout/test_dataset_first_hour.py "
+                        "checks the converter prints",
+    "docs/tiny-models.md": "no commands to run; its table is checked against the built models by "
+                           "tests/rollout/test_released_shape.py",
     "docs/verl.md": "its jobs need verl's GPU stack, a real checkpoint and your data; what its CPU "
                     "script (scripts/check_verl.py) does is run in-process by "
                     "tests/integrations/test_verl_agent_loop.py (a saved verl batch through `check --forward`)",

@@ -435,7 +435,7 @@ def test_cli_from_a_set_with_its_document_list(tmp_path, capsys):
     assert cli_main(["convert-dataset", str(src), "--from", "mmlongbench-doc", "--out", str(out), "--documents",
                      str(docs), "--report", str(report)]) == 0
     printed = capsys.readouterr().out
-    assert "wrote 2 of 2" in printed and "1 unanswerable questions kept" in printed and "listed 1 documents" in printed
+    assert "wrote 2 of 2" in printed and "1 unanswerable question kept" in printed and "listed 1 document " in printed
     assert json.loads(docs.read_text()) == [{"doc_id": "r", "file_name": "r.pdf", "kind": "pdf"}]
     assert json.loads(report.read_text())["unanswerable"] == 1
     assert pq.read_table(out).to_pydict()["prompt"][0] == AGENT_INSTRUCTIONS + "\nQuestion: q1"

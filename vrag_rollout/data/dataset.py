@@ -44,7 +44,12 @@ A malformed row raises `DatasetError` naming its line (JSON Lines) or item (arra
 field; so does an input with no questions, or none left to write. Nothing is written then.
 With a retriever index (`index_dir`; a path that is not one raises `IndexDirError` naming it):
 - a question whose document the index lacks is listed in the report and kept (the rollout's
-  preflight refuses it later), or left out and listed as dropped with `drop_missing`;
+  preflight refuses it later: its entry records the `file` and `row`, from 1, it was written to,
+  and `convert-dataset` ends with a warning naming them and `--drop-missing`), or left out and
+  listed as dropped with `drop_missing`;
+- a path that is a folder but no index (a folder of PDFs, say) raises `IndexDirError` with the
+  `vrag-retriever index` command that builds one into a new directory
+  (`retriever_server.suggest.not_an_index`);
 - a gold page past its document's end in the index is never written: the row raises
   `DatasetError` (line, page, the document's page count), or with `drop_missing` is left out and
   listed (`pages_out_of_range`, `dropped`). Without an index page counts are not checked.
@@ -64,10 +69,12 @@ Nothing is dropped silently.
 `source_format` (`convert-dataset --from`) names the input's layout: "vidoseek" (the default) is
 the layout above; the public sets' own layouts ("slidevqa", "mmlongbench-doc", "mmdocir",
 "longdocurl") are read by `vrag_rollout.data.sources` (their fields, page bases and documents
-are described there) into the same question records, their pages counted from 1. Their errors
-name the set's own fields, and their rows' `answer` JSON also holds `"answerable"`: false for a
-question the set marks unanswerable (kept, with the set's answer, e.g. "Not answerable", and no
-gold pages), true otherwise.
+are described there, and for users in docs/datasets.md) into the same question records, their
+pages counted from 1. Errors are worded alike in every layout (a required field absent is
+`missing`: pydantic's messages are reworded, `_WORDING`), and a row of another layout says
+which (`sources.layout_hint`). The sets' errors name the set's own fields, and their rows'
+`answer` JSON also holds `"answerable"`: false for a question the set marks unanswerable (kept,
+with the set's answer, e.g. "Not answerable", and no gold pages), true otherwise.
 """
 
 from __future__ import annotations
@@ -82,8 +89,11 @@ from typing import Annotated, Any, Iterator, Optional
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, ValidationError
 from pydantic_core import PydanticCustomError
 
+from retriever_server.suggest import no_index_at
+
 from .json_numbers import SourceNumber, loads
 from .prompts import AGENT_INSTRUCTIONS, TOOL_CALL_INSTRUCTIONS, instructions_for
+from .sources import MISSING, layout_hint
 
 INSTRUCTIONS = {"tags": AGENT_INSTRUCTIONS, "tool_call": TOOL_CALL_INSTRUCTIONS}
 
@@ -160,7 +170,7 @@ class ConversionReport:
     rows: int = 0
     written: int = 0
     index: Optional[str] = None
-    missing_documents: list = field(default_factory=list)   # {question_id, doc_id, where}
+    missing_documents: list = field(default_factory=list)   # {question_id, doc_id, where[, file, row] when kept}
     pages_out_of_range: list = field(default_factory=list)  # {question_id, doc_id, pages, num_pages, where}
     missing_pages: list = field(default_factory=list)        # {question_id, doc_id, pages, lacking, where}
     numbering_gaps: list = field(default_factory=list)       # {doc_id, missing, gold_pages}
@@ -224,7 +234,8 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
     # (JSON Lines needs one per line); a one-line question is JSON Lines of one row.
     if isinstance(whole, dict) and (not any(key in whole for key in QUESTION_KEYS)
                                     or sum(1 for line in lines if line.strip()) > 1):
-        raise DatasetError(f"line {first}", "<json>", f"{_one_object(whole)}: {EXPECTED_INPUT}")
+        raise DatasetError(f"line {first}", "<json>",
+                           f"{_one_object(whole)}: {EXPECTED_INPUT}{layout_hint(whole, 'vidoseek')}")
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -236,15 +247,38 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
             raise DatasetError(f"line {number}", "<json>", f"not valid JSON: {error.msg}{hint}") from None
 
 
+# pydantic's error types, worded as the public sets' readers word theirs (`sources`), so that one
+# problem reads the same in every layout; {kind} is the JSON type the row has there.
+_WORDING = {
+    "missing": MISSING,
+    "string_type": "expected a non-empty string, got {kind}",
+    "string_too_short": "expected a non-empty string, got an empty string",
+    "too_short": "expected a non-empty string or a number, got an empty string",  # the answer, after its validator
+    "model_type": "expected a JSON object, got {kind}",
+    "dict_type": "expected a JSON object, got {kind}",
+    "list_type": "expected a list of page numbers, got {kind}",
+    "int_type": "expected an integer page number, got {kind}",
+}
+
+
+def _field_message(error: dict) -> str:
+    """One pydantic error in this project's wording (its own message for a type not in `_WORDING`)."""
+    wording = _WORDING.get(error["type"])
+    return wording.format(kind=_json_type(error.get("input"))) if wording else error["msg"]
+
+
 def _question(where: str, record: Any, page_base: int) -> _Question:
+    """The VRAG-layout question of a row; `DatasetError` naming the first bad field, and, for a row
+    of another layout, the `--from` that reads it."""
     if not isinstance(record, dict):
-        raise DatasetError(where, "<row>", f"expected a JSON object, got {type(record).__name__}")
+        raise DatasetError(where, "<row>", f"expected a JSON object, got {_json_type(record)}")
     try:
         question = _Question.model_validate(record)
     except ValidationError as error:
         first = error.errors()[0]
         path = ".".join(str(part) for part in first["loc"]) or "<row>"
-        raise DatasetError(where, path, first["msg"]) from None
+        message = _field_message(first)
+        raise DatasetError(where, path, message + layout_hint(record, "vidoseek", message)) from None
     for position, page in enumerate(question.meta_info.reference_page):
         if page < page_base:
             hint = " (a 0-based source? convert it with --page-base 0)" if page_base == 1 else ""
@@ -435,13 +469,9 @@ def index_manifest(index_dir: Path):
     from retriever_server.manifest import MANIFEST_NAME, read_manifest
 
     index_dir = Path(index_dir)
-    build = f"build one with `vrag-retriever index DOCS --out {index_dir}`"
-    if not index_dir.exists():
-        raise IndexDirError(index_dir, f"no such directory; {build}")
-    if not index_dir.is_dir():
-        raise IndexDirError(index_dir, "not a directory; an index is the directory `vrag-retriever index` writes")
-    if not (index_dir / MANIFEST_NAME).is_file():
-        raise IndexDirError(index_dir, f"no {MANIFEST_NAME}, so not a retriever index; {build}")
+    problem = no_index_at(index_dir)
+    if problem is not None:
+        raise IndexDirError(index_dir, problem)
     try:
         manifest = read_manifest(index_dir)
     except (OSError, ValueError) as error:
@@ -476,6 +506,7 @@ def convert_dataset(source: Path, out: Path, *, index_dir: Optional[Path] = None
     write = _write_parquet if layout == "easyr1" else (lambda cols, path: _write_verl(cols, path, data_source))
     if val_out is None:
         write(columns, Path(out))
+        _locate_kept(report, {Path(out): columns["question_id"]})
         return report
     to_val = [in_validation(key, val_fraction) for key in columns[SPLIT_KEYS[split_of]]]
     train, val = _rows_where(columns, [not v for v in to_val]), _rows_where(columns, to_val)
@@ -486,7 +517,18 @@ def convert_dataset(source: Path, out: Path, *, index_dir: Optional[Path] = None
     write(train, Path(out))
     write(val, Path(val_out))
     report.validation = len(val["prompt"])
+    _locate_kept(report, {Path(out): train["question_id"], Path(val_out): val["question_id"]})
     return report
+
+
+def _locate_kept(report: ConversionReport, written: dict) -> None:
+    """Note in each kept question whose document the index lacks the file it was written to
+    (`file`) and its row there (`row`, counted from 1): where training will fail on it.
+    `written`: {parquet path: the question ids of its rows, in order}."""
+    rows = {qid: (str(path), number) for path, ids in written.items() for number, qid in enumerate(ids, start=1)}
+    for item in report.missing_documents:
+        if item["question_id"] in rows:
+            item["file"], item["row"] = rows[item["question_id"]]
 
 
 def in_validation(key: str, fraction: float) -> bool:
@@ -598,30 +640,73 @@ def convert_dataset_command(source: Path, out: Path, *, index_dir: Optional[Path
         return 2
     if report_path is not None:
         Path(report_path).write_text(json.dumps(report.to_dict(), indent=1, ensure_ascii=False), encoding="utf-8")
-    if val_out is None:
-        print(f"wrote {report.written} of {report.rows} questions to {out}"
-              + (f" ({len(report.dropped)} dropped)" if report.dropped else ""))
-    else:
-        print(f"wrote {report.written - report.validation} of {report.rows} questions to {out} and "
-              f"{report.validation} to {val_out} (split by {split_of})"
-              + (f" ({len(report.dropped)} dropped)" if report.dropped else ""))
-    if report.unanswerable:
-        print(f"{report.unanswerable} unanswerable questions kept (\"answerable\": false in their answer)")
+    _print_summary(report, out, val_out, split_of)
     if documents_path is not None:
-        print(f"listed {len(listed)} documents to index in {documents_path}")
+        print(f"listed {_count(len(listed), 'document')} to index in {documents_path}")
     if report.index is not None:
-        print(f"{len(report.missing_documents)} questions name a document not in {report.index}"
-              + (" (dropped)" if drop_missing else " (kept)"))
-        for item in report.missing_documents:
-            print(f"  missing: {item['where']}: question {item['question_id']}: document {item['doc_id']!r}")
-        for item in report.pages_out_of_range:
-            past = [page for page in item["pages"] if page > item["num_pages"]]
-            print(f"  dropped: {item['where']}: question {item['question_id']}: gold page(s) {past} past the end "
-                  f"of {item['doc_id']!r} ({item['num_pages']} pages)")
-        for item in report.missing_pages:
-            print(f"  dropped: {item['where']}: question {item['question_id']}: gold page(s) {item['pages']} not "
-                  f"among the images of {item['doc_id']!r} (it lacks {_shown(item['lacking'])})")
-        for gap in report.numbering_gaps:
-            print(f"  gaps: {gap['doc_id']!r} has no image numbered {_shown(gap['missing'])}; its gold pages "
-                  f"were {gap['gold_pages']}")
+        _print_index_report(report)
+        _warn_kept_missing(report, report_path)
     return 0
+
+
+def _count(number: int, noun: str) -> str:
+    """'1 question', '2 questions'."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def _print_summary(report: ConversionReport, out: Path, val_out: Optional[Path], split_of: str) -> None:
+    dropped = f" ({len(report.dropped)} dropped)" if report.dropped else ""
+    if val_out is None:
+        print(f"wrote {report.written} of {_count(report.rows, 'question')} to {out}{dropped}")
+    else:
+        print(f"wrote {report.written - report.validation} of {_count(report.rows, 'question')} to {out} and "
+              f"{report.validation} to {val_out} (split by {split_of}){dropped}")
+    if report.unanswerable:
+        print(f"{_count(report.unanswerable, 'unanswerable question')} kept (\"answerable\": false in their answer)")
+
+
+def _print_index_report(report: ConversionReport) -> None:
+    """What the index check found, except the questions kept without their document (`_warn_kept_missing`)."""
+    gone = [item for item in report.missing_documents if item["question_id"] in report.dropped]
+    if not report.missing_documents:
+        print(f"every question's document is in {report.index}")
+    elif gone:
+        print(f"{_count(len(gone), 'question')} left out: document not in {report.index} (--drop-missing)")
+    for item in gone:
+        print(f"  dropped: {item['where']}: question {item['question_id']}: document {item['doc_id']!r}")
+    for item in report.pages_out_of_range:
+        past = [page for page in item["pages"] if page > item["num_pages"]]
+        print(f"  dropped: {item['where']}: question {item['question_id']}: gold page(s) {past} past the end "
+              f"of {item['doc_id']!r} ({item['num_pages']} pages)")
+    for item in report.missing_pages:
+        print(f"  dropped: {item['where']}: question {item['question_id']}: gold page(s) {item['pages']} not "
+              f"among the images of {item['doc_id']!r} (it lacks {_shown(item['lacking'])})")
+    for gap in report.numbering_gaps:
+        print(f"  gaps: {gap['doc_id']!r} has no image numbered {_shown(gap['missing'])}; its gold pages "
+              f"were {gap['gold_pages']}")
+
+
+SHOWN_ROWS = 10  # kept questions without their document named at the end of the run
+
+
+def _warn_kept_missing(report: ConversionReport, report_path: Optional[Path]) -> None:
+    """The run's last words when questions were kept whose document the index lacks: the file and
+    row of each (training fails there: the rollout's retriever preflight refuses any batch holding
+    one) and the flag that leaves them out. On stderr, after everything else."""
+    import sys
+
+    kept = [item for item in report.missing_documents if "file" in item]
+    if not kept:
+        return
+    sys.stdout.flush()  # the warning comes last, also when stdout is a pipe
+    lines = [f"warning: {_count(len(kept), 'question')} kept whose document is not in {report.index}; "
+             "training fails on these rows:"]
+    lines += [f"  {item['file']} row {item['row']}: question {item['question_id']} ({item['where']}), "
+              f"document {item['doc_id']!r}" for item in kept[:SHOWN_ROWS]]
+    if len(kept) > SHOWN_ROWS:
+        listed = f"all in {report_path}" if report_path is not None else "--report FILE lists them all"
+        lines.append(f"  and {len(kept) - SHOWN_ROWS} more ({listed})")
+    lines.append("  the rollout's retriever preflight refuses any batch holding one of them (a retriever serving "
+                 f"{report.index} does not serve its document). Run this command again with --drop-missing to "
+                 "leave them out, or index their documents too and convert again.")
+    print("\n".join(lines), file=sys.stderr)

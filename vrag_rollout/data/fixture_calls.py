@@ -63,7 +63,8 @@ def dataset_retrieval_calls(doc_ids: Iterable[str], page_counts: dict, queries: 
     if unknown:
         raise ValueError(f"{len(unknown)} dataset document(s) not served by the retriever: "
                          f"{', '.join(map(repr, unknown[:10]))}{', ...' if len(unknown) > 10 else ''} "
-                         "(convert-dataset --index --drop-missing leaves their questions out)")
+                         "(`vrag-rollout convert-dataset QUESTIONS --out OUT --index INDEX --drop-missing` "
+                         "leaves their questions out)")
     searches = [(doc, query) for doc in doc_ids for query in queries]
     fetches = [(doc, f"{mode}, {page}") for doc in doc_ids for mode in modes
                for page in range(1, int(page_counts[doc]) + 1)]
@@ -78,7 +79,7 @@ def served_page_counts(retriever_url: str, api_key: Optional[str] = None) -> dic
         counts = client.documents()
     if counts is None:
         raise ValueError(f"the retriever at {retriever_url} does not list its documents (GET /documents); "
-                         "pass its index directory instead")
+                         "pass its index directory instead (--index DIR)")
     return counts
 
 

@@ -1,7 +1,8 @@
 """Readers of the public document-QA sets, each in its own released layout (`convert-dataset --from`).
 
-Each reader is pure: a file in, question records out, in file order, as `(where, record)` with
-`where` naming the line ("line 3", JSON Lines) or item ("item 3", a JSON array). A record is the
+Each reader is pure: a file's rows in (`read_source` reads the file), question records out, in
+file order, as `(where, record)` with `where` naming the line ("line 3", JSON Lines) or item
+("item 3", a JSON array). A record is the
 question layout `vrag_rollout.data.dataset` converts, with pages already counted from 1:
 
     {"uid": ..., "query": ..., "reference_answer": ...,
@@ -17,7 +18,11 @@ whether the index must hold a PDF ("pdf") or a folder of page images ("images");
 `pages_are_numbers` is true where the gold pages are the numbers in the page images' file names
 (SlideVQA's slide numbers), not positions in the document.
 A malformed row raises `SourceError` naming its line or item and the set's own field (list
-positions counted from 0, as in `questions.2.page_id.1`); nothing is guessed or skipped.
+positions counted from 0, as in `questions.2.page_id.1`), worded as `dataset.py` words its own
+(a required field absent is `missing`); no field is guessed and no row skipped. A row that
+holds the telling fields of another layout (`SIGNATURES`) has its error say so and name the
+`--from` that reads it (`layout_hint`); each layout's fields are listed for users in
+docs/datasets.md.
 Answers that are numbers are written as their source text (`3.50` stays "3.50"); true/false and
 null are refused. `documents(...)` lists the documents the index must hold.
 
@@ -92,15 +97,18 @@ from .json_numbers import loads, number_text
 SOURCE_FORMATS = ("vidoseek", "slidevqa", "mmlongbench-doc", "mmdocir", "longdocurl")
 DEFAULT_FORMAT = "vidoseek"
 NOT_ANSWERABLE = "Not answerable"  # MMLongBench-Doc's answer to its unanswerable questions
+MISSING = "missing"  # the one wording of an absent required field, in every layout (dataset.py too)
+WRAPPERS = ("examples", "data")  # keys of an object that holds the rows: ViDoSeek's {"examples": [...]}
 
 
 class SourceError(ValueError):
     """A malformed row of a set's file: `where` is 'line N', 'item N' or 'file', `field` the set's
-    own field path. `dataset.convert_rows` raises it again as its `DatasetError`."""
+    own field path. `dataset.convert_rows` raises it again as its `DatasetError`. `value`: the
+    JSON object at fault when it is not a row (the whole file), for `read_source`'s layout guess."""
 
-    def __init__(self, where: str, field_path: str, message: str):
+    def __init__(self, where: str, field_path: str, message: str, value: Any = None):
         super().__init__(f"{where}: field {field_path!r}: {message}")
-        self.where, self.field, self.message = where, field_path, message
+        self.where, self.field, self.message, self.value = where, field_path, message, value
 
 
 @dataclass(frozen=True)
@@ -151,7 +159,8 @@ def _items(path: Path, wrappers: tuple = ()) -> Iterator[tuple[str, Any]]:
         keys = ", ".join(repr(key) for key in list(whole)[:8])
         held = f", or an object holding it under {' or '.join(map(repr, wrappers))}" if wrappers else ""
         raise SourceError("line 1", "<json>", f"the file is one JSON object (keys {keys or 'none'}), not rows: "
-                                              f"expected JSON Lines (one object per line) or a JSON array{held}")
+                                              f"expected JSON Lines (one object per line) or a JSON array{held}",
+                          whole)
     for number, line in enumerate(lines, start=1):
         if line.strip():
             try:
@@ -171,7 +180,7 @@ def _object(where: str, row: Any, name: str = "<row>") -> dict:
 
 def _field(where: str, row: dict, name: str, path: Optional[str] = None) -> Any:
     if name not in row:
-        raise SourceError(where, path or name, "missing")
+        raise SourceError(where, path or name, MISSING)
     return row[name]
 
 
@@ -213,7 +222,7 @@ def _answer(where: str, row: dict, name: str, path: Optional[str] = None, *, lis
     if missing_ok and value in (None, "", []):
         return None
     if name not in row:
-        raise SourceError(where, path, "missing")
+        raise SourceError(where, path, MISSING)
     if lists and isinstance(value, list):
         parts = [_scalar_text(item) for item in value]
         bad = next((i for i, part in enumerate(parts) if part is None or not part.strip()), None)
@@ -230,7 +239,7 @@ def _answer(where: str, row: dict, name: str, path: Optional[str] = None, *, lis
         expected = "a string, a number or a list of those" if lists else "a string or a number"
         raise SourceError(where, path, f"expected {expected}, got {_kind_of(value)}")
     if not text.strip():
-        raise SourceError(where, path, "an empty answer")
+        raise SourceError(where, path, "expected a non-empty string or a number, got an empty string")
     return text
 
 
@@ -264,10 +273,13 @@ def _record(uid: str, query: str, answer: str, file_name: str, pages: list, *, a
 # --- one reader per set
 
 
-def read_vidoseek(path: Path) -> Iterator[tuple[str, dict]]:
+Rows = Iterable[tuple[str, Any]]  # a file's rows as `_items` reads them: ("line 3" or "item 3", row)
+
+
+def read_vidoseek(rows: Rows) -> Iterator[tuple[str, dict]]:
     """ViDoSeek's `vidoseek.json` (or any VRAG-style file): the questions as they are, the document
     checked (`meta_info.file_name`); `dataset.convert_rows` validates the rest itself."""
-    for where, row in _items(path, ("examples", "data")):
+    for where, row in rows:
         row = _object(where, row)
         meta = _object(where, _field(where, row, "meta_info"), "meta_info")
         file_name = _text(where, meta, "file_name", "meta_info.file_name")
@@ -277,8 +289,8 @@ def read_vidoseek(path: Path) -> Iterator[tuple[str, dict]]:
                                          "id_field": "uid"}}
 
 
-def read_slidevqa(path: Path) -> Iterator[tuple[str, dict]]:
-    for where, row in _items(path):
+def read_slidevqa(rows: Rows) -> Iterator[tuple[str, dict]]:
+    for where, row in rows:
         row = _object(where, row)
         deck = _text(where, row, "deck_name")
         yield where, _record(_id_text(where, row, "qa_id"), _text(where, row, "question"), _answer(where, row, "answer"),
@@ -302,9 +314,9 @@ def _page_list_text(where: str, value: Any, path: str) -> Any:
                                        f"got {value!r}") from None
 
 
-def read_mmlongbench_doc(path: Path) -> Iterator[tuple[str, dict]]:
+def read_mmlongbench_doc(rows: Rows) -> Iterator[tuple[str, dict]]:
     counts: dict = {}
-    for where, row in _items(path):
+    for where, row in rows:
         row = _object(where, row)
         file_name = _text(where, row, "doc_id")
         answer_format = _field(where, row, "answer_format")
@@ -321,8 +333,8 @@ def read_mmlongbench_doc(path: Path) -> Iterator[tuple[str, dict]]:
                              page_field="evidence_pages", page_base=1, id_field="doc_id")
 
 
-def read_mmdocir(path: Path) -> Iterator[tuple[str, dict]]:
-    for where, row in _items(path):
+def read_mmdocir(rows: Rows) -> Iterator[tuple[str, dict]]:
+    for where, row in rows:
         row = _object(where, row)
         file_name = _text(where, row, "doc_name")
         questions = _field(where, row, "questions")
@@ -339,8 +351,8 @@ def read_mmdocir(path: Path) -> Iterator[tuple[str, dict]]:
                                  page_base=0, id_field="doc_name")
 
 
-def read_longdocurl(path: Path) -> Iterator[tuple[str, dict]]:
-    for where, row in _items(path):
+def read_longdocurl(rows: Rows) -> Iterator[tuple[str, dict]]:
+    for where, row in rows:
         row = _object(where, row)
         doc_no = _id_text(where, row, "doc_no")
         answer_format = row.get("answer_format")
@@ -354,20 +366,81 @@ def read_longdocurl(path: Path) -> Iterator[tuple[str, dict]]:
                              kind="pdf", page_field="evidence_pages", page_base=1, id_field="question_id")
 
 
-READERS: dict[str, Callable[[Path], Iterator[tuple[str, dict]]]] = {
-    "vidoseek": read_vidoseek,
-    "slidevqa": read_slidevqa,
-    "mmlongbench-doc": read_mmlongbench_doc,
-    "mmdocir": read_mmdocir,
-    "longdocurl": read_longdocurl,
+# Each set's reader, and the keys of an object that may hold its rows (ViDoSeek's {"examples": [...]}).
+READERS: dict[str, tuple[Callable[[Rows], Iterator[tuple[str, dict]]], tuple]] = {
+    "vidoseek": (read_vidoseek, WRAPPERS),
+    "slidevqa": (read_slidevqa, ()),
+    "mmlongbench-doc": (read_mmlongbench_doc, ()),
+    "mmdocir": (read_mmdocir, ()),
+    "longdocurl": (read_longdocurl, ()),
 }
 
 
+class _Remembered:
+    """The rows of a file, remembering the last one handed out (to guess its layout on an error)."""
+
+    def __init__(self, rows: Rows):
+        self.rows, self.last = rows, None
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        for where, row in self.rows:
+            self.last = row
+            yield where, row
+
+
 def read_source(source_format: str, path: Path) -> Iterator[tuple[str, dict]]:
-    """The records of `path`, read as `source_format` (one of `SOURCE_FORMATS`)."""
+    """The records of `path`, read as `source_format` (one of `SOURCE_FORMATS`). A row's
+    `SourceError` says which other layout the row looks like, if any (`layout_hint`)."""
     if source_format not in READERS:
         raise ValueError(f"source_format must be one of {', '.join(SOURCE_FORMATS)}, got {source_format!r}")
-    return READERS[source_format](Path(path))
+    reader, wrappers = READERS[source_format]
+    rows = _Remembered(_items(Path(path), wrappers))
+    try:
+        yield from reader(rows)
+    except SourceError as error:
+        at_fault = error.value if error.value is not None else rows.last
+        raise SourceError(error.where, error.field,
+                          error.message + layout_hint(at_fault, source_format, error.message)) from None
+
+
+# --- which layout a row looks like
+
+# The fields each layout's rows always hold (the fields that tell the layouts apart).
+SIGNATURES = {
+    "vidoseek": ("uid", "query", "reference_answer", "meta_info"),
+    "slidevqa": ("deck_name", "qa_id", "question", "evidence_pages"),
+    "mmlongbench-doc": ("doc_id", "question", "evidence_pages", "answer_format"),
+    "mmdocir": ("doc_name", "questions"),
+    "longdocurl": ("question_id", "doc_no", "question", "evidence_pages"),
+}
+LAYOUTS_DOC = "docs/datasets.md"  # where each layout's fields are listed
+
+
+def guess_layout(row: Any) -> Optional[str]:
+    """The layout whose telling fields (`SIGNATURES`) the row holds all of, the one with the most
+    such fields if several; None for a row that holds no layout's, or is no JSON object. An object
+    holding a list of rows under a `WRAPPERS` key is guessed by its first row."""
+    if not isinstance(row, dict):
+        return None
+    wrapped = next((row[key] for key in WRAPPERS if isinstance(row.get(key), list) and row[key]), None)
+    if wrapped is not None and not any(key in row for key in SIGNATURES[DEFAULT_FORMAT]):
+        return guess_layout(wrapped[0])
+    held = [name for name, keys in SIGNATURES.items() if all(key in row for key in keys)]
+    return max(held, key=lambda name: len(SIGNATURES[name]), default=None)
+
+
+def layout_hint(row: Any, source_format: str, message: str = "") -> str:
+    """The words to add to a row's error read as `source_format`: which other layout the row looks
+    like and the flag that reads it; for a missing field of a row of no known layout, where the
+    layout's fields are listed; else nothing."""
+    guess = guess_layout(row)
+    if guess is not None and guess != source_format:
+        if guess == DEFAULT_FORMAT:
+            return f" (this looks like the {guess} layout, the default: leave --from out)"
+        return f" (this looks like the {guess} layout: pass --from {guess})"
+    if guess is None and message == MISSING:
+        return f" (the {source_format} layout's fields are listed in {LAYOUTS_DOC})"
+    return ""
 
 
 def documents(records: Iterable[tuple[str, dict]]) -> list[Document]:
