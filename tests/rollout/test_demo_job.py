@@ -38,3 +38,55 @@ def test_the_demo_batch_checks_with_forward_and_carries_truths_and_rewards(tmp_p
         assert score_response(text, {**truths[row], "page_ids": pages}) == rewards[row]
     html = result["html"].read_text(encoding="utf-8")
     assert f"{rewards[0]['overall']:.2f}" in html
+
+
+def test_the_region_demo_looks_closer_and_prints_its_crops(tmp_path, tiny_model_dir, tiny_llm, capsys):
+    """Issue 32, defect 9: `vrag-rollout demo --region-action` as a new user runs it (its
+    defaults: 4 questions, 2 samples each, 4 turns, the embedded retriever, which renders the
+    crops). Its later turns look closer at the last page shown or answer, mostly the former
+    (`demo.region_turn_regex`), so the batch holds crops: each a region of a page the episode was
+    shown first; the summary has a crop column with each sample's count and lists the regions;
+    the saved batch passes the check."""
+    result = run_demo(tmp_path / "demo.pt", model=str(tiny_model_dir), llm=tiny_llm, region_action=True,
+                      batch_size=4, n=2, max_turns=4)
+    output = result["output"]
+    columns = output.non_tensor_batch
+    crops = [int(count) for count in columns["num_crops"]]
+    assert sum(crops) >= 1, list(columns["termination_reason"])
+    for row, count in enumerate(crops):
+        regions = [region for region in columns["image_regions"][row] if region is not None]
+        assert len(regions) == count and all(0 <= v <= 1 for region in regions for v in region)
+        if count:
+            assert columns["image_regions"][row][0] is None  # a whole page was shown before its crops
+    assert result["report"].ok, result["report"].human()
+
+    printed = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(printed) if line.split()[:2] == ["#", "doc"])
+    assert printed[header].split()[:8] == ["#", "doc", "end", "turns", "srch", "ftch", "crop", "resp"]
+    for row, line in enumerate(printed[header + 1: header + 1 + len(output)]):
+        assert int(line.split()[6]) == crops[row], line
+        assert (" crops [" in line) == (crops[row] > 0), line
+    assert f"crops={sum(crops):.2f}" in printed[header + 1 + len(output)]
+
+
+def test_without_the_region_action_the_summary_has_no_crop_column(capsys):
+    from vrag_rollout.devkit.demo import print_summary
+
+    print_summary(_one_row_output())
+    header, row, _ = capsys.readouterr().out.splitlines()
+    assert "crop" not in header and "crops" not in row
+
+
+def _one_row_output():
+    import numpy as np
+    import torch
+
+    from vrag_rollout.protocol import DataProto, object_array
+
+    return DataProto.from_dict(
+        tensors={"response_mask": torch.ones(1, 3), "loss_mask": torch.tensor([[1, 0, 1]])},
+        non_tensors={"doc_id": np.array(["d"], dtype=object), "termination_reason": np.array(["answered"], dtype=object),
+                     "num_turns": np.array([2]), "num_searches": np.array([1]), "num_fetches": np.array([0]),
+                     "num_crops": np.array([0]), "page_ids": object_array([[["d_1"]]]),
+                     "image_regions": object_array([[None]])},
+        meta_info={"metrics": {}})

@@ -161,3 +161,30 @@ def test_check_catches_a_crop_result_in_the_loss_mask(family_rollouts):
     loss[crop_block:end] = 1
     report = check_batch(saved, model.model_dir)
     assert any(f.check == "observations" and "</crop>" in f.message for f in report.failures), report.human()
+
+
+def test_a_huge_integer_in_a_crop_box_is_an_invalid_action_of_the_batch(tiny_model_dir, tiny_processor, tiny_llm):
+    """Issue 32, defect 4, on the real engine: a grammar makes the policy call `crop` with a box
+    coordinate past the float range (2 * 10**308, 309 digits: ~330 tokens, so one turn fits the
+    shared engine's context). The batch completes: the call counts as a `bad_region`, and the
+    reward scores the responses (their format 0), where both raised OverflowError before."""
+    from tests.conftest import SAMPLE_RETRIEVAL
+    from vrag_rollout.core.reward import score_response
+    from vrag_rollout.devkit.demo import demo_prompts
+    from vrag_rollout.retrieval.fixtures import FixtureTransport
+
+    call = tool_call_regex("crop", {"bbox": [0, 0, 2 * 10**308, 500]})
+    client = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))
+    agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=1, max_turns=1, region_action=True,
+                       action_format="tool_call", prompt_length=1280, response_length=768, action_regex=call)
+    samples = [PromptSample(question="What is on page 1?", doc_id="annual_report")] * 2
+    output = agent.generate_sequences(demo_prompts(tiny_processor.tokenizer, tiny_processor, samples, agent.config))
+    metrics, tok = output.meta_info["metrics"], tiny_processor.tokenizer
+    assert list(output.non_tensor_batch["termination_reason"]) == ["max_turns"] * len(output)
+    assert metrics["rollout/invalid_actions/bad_region"] == metrics["rollout/invalid_actions"] == len(output)
+    assert metrics["rollout/crops"] == 0
+    for row in range(len(output)):
+        used = output.batch["response_mask"][row].bool()
+        text = tok.decode(output.batch["responses"][row][used].tolist(), skip_special_tokens=False)
+        assert "0" * 308 in text  # the policy did write the huge coordinate
+        assert score_response(text, "x")["format"] == 0.0

@@ -5,6 +5,7 @@ Rule (tests/test_layers.py): imports only `core/` and the package's leaf modules
 
 - `actions`: the tag format's actions read from a turn's text, and every malformed one.
 - `tool_turns`: the native tool-call format: the tools, reading calls, tool-turn tokens from the chat template.
+- `readers`: pages, numbers and boxes read from the policy's text without ever raising (every parser uses them).
 - `episode`: one sample's growing response and its invariants.
 - `step`: one turn of one sample, shared by every schedule.
 - `observation`: tool results as observation tokens (engine and trainer views).

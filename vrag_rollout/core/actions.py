@@ -14,7 +14,10 @@ What a policy really writes, and what it means (the tests run these on real engi
   of the text (the engine did stop there), never one character short;
 - an empty query, a fetch that cannot be read or a page below 1: an error observation for the
   policy to correct (counted as an invalid action); a page past the document's end is the
-  retriever's to refuse (counted apart from retriever failures).
+  retriever's to refuse (counted apart from retriever failures), one past `readers.MAX_PAGE`
+  (no document is that long) is an invalid action;
+- whatever the text holds (numbers of any size or none, any unicode), `parse_action` returns one
+  of the actions below and never raises: numbers are read through `readers`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
+
+from .readers import MAX_PAGE, clip, page_from_text
 
 SEARCH_STOP = "</search>"
 FETCH_STOP = "</fetch>"
@@ -153,13 +158,14 @@ def _parse_fetch(body: str, fetch_modes: Sequence[str]) -> Action:
     usage = f"write <fetch>{fetch_modes[0]}, 3</fetch> with modality {modes} and a page number from 1."
     match = _FETCH_SPEC.match(body)
     if not match:
-        return Invalid(f"cannot read fetch '{body[:60]}'; {usage}", "unreadable_fetch")
+        return Invalid(f"cannot read fetch '{clip(body, 60)}'; {usage}", "unreadable_fetch")
     if match.group("nth"):
-        modality, page = "image", int(match.group("nth"))
+        modality, digits = "image", match.group("nth")
     else:
-        modality, page = match.group("modality").lower(), int(match.group("page"))
+        modality, digits = match.group("modality").lower(), match.group("page")
     if modality not in fetch_modes:
-        return Invalid(f"fetch modality '{modality}' is not available; {usage}", "bad_modality")
-    if page < 1:
-        return Invalid(f"page numbers start at 1, got {page}; {usage}", "bad_page")
+        return Invalid(f"fetch modality '{clip(modality, 20)}' is not available; {usage}", "bad_modality")
+    page = page_from_text(digits)  # None below 1 (a sign), past MAX_PAGE, or of thousands of digits
+    if page is None:
+        return Invalid(f"page numbers start at 1 (at most {MAX_PAGE}), got {clip(digits, 12)}; {usage}", "bad_page")
     return Fetch(modality, page)

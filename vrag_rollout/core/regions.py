@@ -10,25 +10,29 @@ family grounds in (each family's documented convention):
 
 Contract:
 - `to_fractions(box, frame, shown_size)` -> `Region` (x1, y1, x2, y2 in 0..1 of the page), or
-  `RegionError` saying what is wrong: not four finite numbers, inverted or empty, outside the
-  frame (beyond a rounding tolerance of one unit, which is clamped), or narrower than
-  `MIN_FRACTION` of the page on a side. `shown_size` (width, height) is required in `ABSOLUTE`.
+  `RegionError` saying what is wrong: not four finite numbers (anything else, of any type, ints
+  past the float range included), inverted or empty, outside the frame (beyond a rounding
+  tolerance of one unit, which is clamped), or narrower than `MIN_FRACTION` of the page on a
+  side. `shown_size` (width, height) is required in `ABSOLUTE`.
 - `from_fractions(region, frame, shown_size)` is its inverse (for grammars, demos and tests).
 - `parse_region(body)`: the tag body `page, [x1, y1, x2, y2]` (VRAG-RL's `<bbox>` form without
-  a page, `[x1, y1, x2, y2]`, gives page None: the last page shown) -> (page, box), or
-  `RegionError`.
+  a page, `[x1, y1, x2, y2]`, gives page None: the last page shown) -> (page, box of four finite
+  floats), or `RegionError` (a page outside 1..`readers.MAX_PAGE`, a number that is not finite).
 - `resolve(page, box, frame, doc_id, shown_pages, last_page_id)`: a region action against its
   episode -> `RegionRequest` (page, region, page id), read against the page as it was shown;
   `RegionError` for a page not shown as an image (or none at all, for `<bbox>`).
 Invariant: `to_fractions(from_fractions(r, f, s), f, s) == r` up to the frame's unit.
+Every function here reads the policy's numbers through `readers`: whatever the box or page, the
+answer is a region or a `RegionError` (a message for the policy), never another exception.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from typing import Optional, Sequence
+
+from .readers import MAX_PAGE, clip, number_from_text, page_from_text, read_box, read_page
 
 RELATIVE_1000 = "relative-1000"
 ABSOLUTE = "absolute"
@@ -68,14 +72,7 @@ def _extent(frame: str, shown_size: Optional[Sequence[int]]) -> tuple[float, flo
 
 def to_fractions(box: Sequence[float], frame: str, shown_size: Optional[Sequence[int]] = None) -> Region:
     width, height = _extent(frame, shown_size)
-    if len(box) != 4:
-        raise RegionError(f"a box is 4 numbers [x1, y1, x2, y2], got {len(box)}")
-    try:
-        x1, y1, x2, y2 = (float(v) for v in box)
-    except (TypeError, ValueError):
-        raise RegionError("a box is 4 numbers [x1, y1, x2, y2]") from None
-    if not all(math.isfinite(v) for v in (x1, y1, x2, y2)):
-        raise RegionError("the box holds a number that is not finite")
+    x1, y1, x2, y2 = _finite_box(box)
     if x2 <= x1 or y2 <= y1:
         raise RegionError("the box is empty or inverted: write [left, top, right, bottom] with right > left "
                           "and bottom > top")
@@ -88,6 +85,20 @@ def to_fractions(box: Sequence[float], frame: str, shown_size: Optional[Sequence
     return region
 
 
+def _finite_box(box: object) -> tuple[float, float, float, float]:
+    """Four finite floats, or the `RegionError` that says why `box` is not."""
+    numbers = read_box(box)
+    if numbers is not None:
+        return numbers
+    if not isinstance(box, (list, tuple)):
+        raise RegionError("a box is 4 numbers [x1, y1, x2, y2]")
+    if len(box) != 4:
+        raise RegionError(f"a box is 4 numbers [x1, y1, x2, y2], got {len(box)}")
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in box):
+        raise RegionError("the box holds a number that is not finite")
+    raise RegionError("a box is 4 numbers [x1, y1, x2, y2]")
+
+
 def from_fractions(region: Region, frame: str, shown_size: Optional[Sequence[int]] = None) -> tuple[int, int, int, int]:
     width, height = _extent(frame, shown_size)
     return (round(region.x1 * width), round(region.y1 * height), round(region.x2 * width), round(region.y2 * height))
@@ -97,13 +108,17 @@ def parse_region(body: str) -> tuple[Optional[int], tuple[float, ...]]:
     page = None
     found = _PAGE_AND_BOX.match(body)
     if found:
-        page, body = int(found.group(1)), found.group(2)
-        if page < 1:
-            raise RegionError(f"page {page} does not exist: pages count from 1")
+        page, body = page_from_text(found.group(1)), found.group(2)
+        if page is None:
+            raise RegionError(f"page {clip(found.group(1), 12)} does not exist: pages count from 1 "
+                              f"(to at most {MAX_PAGE})")
     box = _BOX.match(body)
     if box is None:
         raise RegionError("write the region as <crop>page, [x1, y1, x2, y2]</crop>")
-    return page, tuple(float(v) for v in box.groups())
+    numbers = [number_from_text(v) for v in box.groups()]
+    if any(v is None for v in numbers):
+        raise RegionError("the box holds a number that is not finite (or has too many digits)")
+    return page, tuple(numbers)
 
 
 @dataclass(frozen=True)
@@ -125,6 +140,8 @@ def resolve(page: Optional[int], box: Sequence[float], frame: str, doc_id: Optio
             raise RegionError("no page has been shown yet: fetch or search pages before looking closer")
         page_id = last_page_id
         page = int(page_id.rpartition("_")[2])
+    elif read_page(page) is None:
+        raise RegionError(f"page {clip(page, 12)} does not exist: pages count from 1 (to at most {MAX_PAGE})")
     else:
         page_id = f"{doc_id}_{page}"
     shown = shown_pages.get(page_id)

@@ -23,7 +23,9 @@ Contract (what `examples/reward_function/vrag.py` hands EasyR1's `AutoRewardMana
     of the form `image|text, N` (N >= 1), every region action readable (`<crop>N, [x1, y1, x2,
     y2]</crop>`, `<bbox>[x1, y1, x2, y2]</bbox>`), every `<tool_call>` one the rollout can execute
     (`tool_turns.parse_tool_calls`), and no unclosed or stray tag (a leading `</think>` closes
-    the `<think>` a thinking template's generation prompt opened); else 0;
+    the `<think>` a thinking template's generation prompt opened); else 0 (numbers are read as
+    the rollout reads them, `core.readers`: a page or coordinate it could not use scores 0, and
+    no response, however hostile, makes the reward raise);
   - `retrieval`: NDCG of the distinct pages the episode was shown, in the order first shown,
     against the gold pages (binary relevance, DCG = sum rel_i / log2(i + 1), ideal DCG over all
     gold pages, so missing a gold page costs); 0 without gold pages or without pages shown;
@@ -49,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from .actions import Invalid
+from .readers import page_from_text
 from .tool_turns import parse_tool_calls
 
 OBSERVATION_BLOCK = re.compile(r"<(result|tool_response)>.*?(</\1>|$)", re.DOTALL)
@@ -175,7 +178,7 @@ def format_score(response: str) -> float:
             return 0.0
         if tag == "fetch":
             spec = FETCH_SPEC.match(content)
-            if spec is None or int(spec.group(2)) < 1:
+            if spec is None or page_from_text(spec.group(2)) is None:  # below 1, or past readers.MAX_PAGE
                 return 0.0
         if tag == "tool_call" and not _executable(content):
             return 0.0

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
 from .actions import MAX_QUERY_CHARS, Crop, Fetch, Invalid, Search
+from .readers import clip, read_box, read_page
 from .serial_tokenizer import serial
 
 SEARCH_TOOL = {
@@ -144,7 +145,10 @@ def parse_tool_calls(text: str, regions: bool = False) -> list[Union[Search, Fet
     closed). Text before the first block is the turn's content (its reasoning) and is not read;
     text after the last closed block is a mistake: the calls still run, and one more error answer
     says the text was ignored (a chat message holds content, then its calls). `crop` is a tool
-    only with `regions` (the region action)."""
+    only with `regions` (the region action). Never raises, whatever the text: JSON the parser
+    cannot hold (nesting past the recursion limit, integers past `int()`'s digit limit) is
+    invalid JSON, and arguments are read through `readers` (an int past the float range in a box
+    is a bad region, not an OverflowError)."""
     calls: list[Union[Search, Fetch, Crop, Invalid]] = []
     bodies = _CALL.findall(text)
     for body in bodies:
@@ -165,40 +169,66 @@ def has_open_call(text: str) -> bool:
 
 
 def _read_call(body: str, regions: bool = False) -> Union[Search, Fetch, Crop, Invalid]:
-    try:
-        call = json.loads(body)
-    except ValueError as e:
-        return Invalid(f"the tool call is not valid JSON ({e.msg}).", "invalid_json")
+    call = _load_json(body)
+    if isinstance(call, Invalid):
+        return call
     if not isinstance(call, dict) or not isinstance(call.get("arguments"), dict):
         return Invalid('write {"name": ..., "arguments": {...}} inside <tool_call></tool_call>.', "bad_call_shape")
     name, args = call.get("name"), call["arguments"]
     if name == "search":
-        query = args.get("query")
-        if not (isinstance(query, str) and query.strip()):
-            return Invalid("search needs a non-empty string 'query'.", "bad_arguments")
-        if len(query.strip()) > MAX_QUERY_CHARS:
-            return Invalid(f"the search query is longer than {MAX_QUERY_CHARS} characters.", "long_query")
-        return Search(query.strip())
+        return _read_search(args)
     if name == "fetch":
-        page, mode = args.get("page"), args.get("mode")
-        if isinstance(page, bool) or not isinstance(page, int) or page < 1 or mode not in ("image", "text"):
+        page, mode = read_page(args.get("page")), args.get("mode")
+        if page is None or mode not in ("image", "text"):
             return Invalid("fetch needs an integer 'page' from 1 and 'mode' image or text.", "bad_arguments")
         return Fetch(mode, page)
     if name == "crop" and regions:
         return _read_crop(args)
     tools = "search, fetch and crop" if regions else "search and fetch"
-    return Invalid(f"unknown tool {name!r}; the tools are {tools}.", "unknown_tool")
+    shown = repr(clip(name)) if isinstance(name, str) else clip(name)
+    return Invalid(f"unknown tool {shown}; the tools are {tools}.", "unknown_tool")
+
+
+def _load_json(body: str) -> Any:
+    """The call's JSON value, or why it is not one (as the Invalid answer)."""
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError as e:
+        reason = e.msg
+    except ValueError:  # an integer literal past int()'s digit limit (4300 digits)
+        reason = "a number has too many digits"
+    except RecursionError:  # arrays or objects nested past the recursion limit
+        reason = "nested too deeply"
+    return Invalid(f"the tool call is not valid JSON ({reason}).", "invalid_json")
+
+
+def _read_search(args: dict) -> Union[Search, Invalid]:
+    query = args.get("query")
+    if not (isinstance(query, str) and query.strip()):
+        return Invalid("search needs a non-empty string 'query'.", "bad_arguments")
+    if len(query.strip()) > MAX_QUERY_CHARS:
+        return Invalid(f"the search query is longer than {MAX_QUERY_CHARS} characters.", "long_query")
+    if not _is_utf8(query):  # a lone surrogate, written as a JSON escape: no retriever can take it
+        return Invalid("the search query is not valid unicode text.", "bad_arguments")
+    return Search(query.strip())
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _read_crop(args: dict) -> Union[Crop, Invalid]:
-    page, box = args.get("page"), args.get("bbox")
-    usage = "crop needs 'bbox' [x1, y1, x2, y2] of four numbers and, if given, an integer 'page' from 1."
-    if page is not None and (isinstance(page, bool) or not isinstance(page, int) or page < 1):
+    page, box = args.get("page"), read_box(args.get("bbox"))
+    usage = "crop needs 'bbox' [x1, y1, x2, y2] of four finite numbers and, if given, an integer 'page' from 1."
+    if page is not None and read_page(page) is None:
         return Invalid(usage, "bad_arguments")
-    if not (isinstance(box, list) and len(box) == 4
-            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in box)):
+    if box is None:
         return Invalid(usage, "bad_region")
-    return Crop(page, tuple(float(v) for v in box))
+    return Crop(page, box)
 
 
 @dataclass(frozen=True)

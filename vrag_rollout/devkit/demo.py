@@ -40,30 +40,46 @@ def _boxes() -> str:
     return "|".join(_regex_literal(str(list(box))) for box in DEMO_BOXES)
 
 
-def action_regex(queries: list[str], max_page: int, answer: bool = True, regions: bool = False,
-                 fetch: bool = True) -> str:
-    """The tags format's turn: a thought, then a search, (with `fetch`) a fetch, (with `regions`)
-    a look closer at the last page shown (`<bbox>`), or (with `answer`) an answer."""
+def action_regex(queries: list[str], max_page: int, answer: bool = True, fetch: bool = True) -> str:
+    """The tags format's turn: a thought, then a search, (with `fetch`) a fetch, or (with
+    `answer`) an answer."""
     alternatives = "|".join(_regex_literal(q) for q in queries)
     actions = (_SEARCH + (_FETCH if fetch else "")).format(queries=alternatives, max_page=max_page)
-    actions += f"|<bbox>({_boxes()})</bbox>" if regions else ""
     actions += "|" + _ANSWER.format() if answer else ""
     return r"<think>[a-z ]{3,16}</think>(" + actions + ")"
 
 
-def tool_call_regex(queries: list[str], max_page: int, answer: bool = True, regions: bool = False,
-                    fetch: bool = True) -> str:
+def tool_call_regex(queries: list[str], max_page: int, answer: bool = True, fetch: bool = True) -> str:
     """The native format's turn: a thought, then one or two tool calls as the chat template
-    writes them (search; with `fetch`, fetch; with `regions`, crop of the last page shown), or
-    (with `answer`) an answer; the grammar's end leaves only the end-of-turn token."""
+    writes them (search; with `fetch`, fetch), or (with `answer`) an answer; the grammar's end
+    leaves only the end-of-turn token."""
     alternatives = "|".join(_regex_literal(q) for q in queries)
     search = r'<tool_call>\n\{"name": "search", "arguments": \{"query": "(' + alternatives + r')"\}\}\n</tool_call>'
     fetch_call = (r'<tool_call>\n\{"name": "fetch", "arguments": \{"page": [1-' + str(max_page)
                   + r'], "mode": "(image|text)"\}\}\n</tool_call>')
-    crop = r'|<tool_call>\n\{"name": "crop", "arguments": \{"bbox": (' + _boxes() + r')\}\}\n</tool_call>'
-    call = f"({search}{'|' + fetch_call if fetch else ''}{crop if regions else ''})"
-    answer_branch = "|<answer>[a-z0-9 ]{1,12}</answer>" if answer else ""
+    call = f"({search}{'|' + fetch_call if fetch else ''})"
+    answer_branch = "|" + _ANSWER.format() if answer else ""
     return rf"<think>[a-z ]{{3,16}}</think>(\n{call}(\n{call})?{answer_branch})"
+
+
+# A later turn of the region demo looks closer or answers, and the thought decides which: the
+# tiny model is random, so its thought is noise, and the grammar makes the thought's first letter
+# the choice. A thought starting with a..s crops the last page shown (about four in five of the
+# tiny model's thoughts), one starting with t..z answers; so nearly every batch crops, most
+# episodes crop before they answer, and a later turn may crop again. (Two grammars, the first
+# turn's and the rest's, cannot say "crop once, then answer": that needs the turn number.)
+_CROP_THOUGHT = r"<think>[a-s][a-z ]{2,15}</think>"
+_ANSWER_THOUGHT = r"<think>[t-z][a-z ]{2,15}</think>"
+
+
+def region_turn_regex(action_format: str = "tags") -> str:
+    """A later turn with the region action: a look closer at the last page shown (`<bbox>`, or
+    the `crop` tool without a page), or an answer."""
+    if action_format == "tool_call":
+        crop = r'\n<tool_call>\n\{"name": "crop", "arguments": \{"bbox": (' + _boxes() + r')\}\}\n</tool_call>'
+    else:
+        crop = f"<bbox>({_boxes()})</bbox>"
+    return f"({_CROP_THOUGHT}{crop}|{_ANSWER_THOUGHT}{_ANSWER.format()})"
 
 
 def cache_dir() -> Path:
@@ -124,10 +140,14 @@ def record_demo_fixtures(out_path: Path, retriever_url: Optional[str] = None) ->
 
 
 def demo_page_band(processor: Any) -> dict:
-    """Small result pages (16 to 64 visual tokens of this model) keep the CPU demo fast."""
+    """Small result pages (16 to 64 visual tokens of this model) keep the CPU demo fast; never
+    below the processor's own minimum (Qwen3-VL's released processor takes at least 64 tokens)."""
+    from ..core.vision import PixelBand
+
     image_processor = getattr(processor, "image_processor", processor)
     factor = int(image_processor.patch_size) * int(image_processor.merge_size)
-    return {"page_min_pixels": 16 * factor**2, "page_max_pixels": 64 * factor**2}
+    low = max(16 * factor**2, PixelBand.from_processor(processor).min_pixels)
+    return {"page_min_pixels": low, "page_max_pixels": max(64 * factor**2, low)}
 
 
 def demo_config(**overrides: Any) -> AgentRolloutConfig:
@@ -151,10 +171,12 @@ def demo_config(**overrides: Any) -> AgentRolloutConfig:
         calculate_log_probs=True,  # the saved batch carries rollout_log_probs: `check --forward` reads them
     )
     # With the region action the first turn searches (its pages are what a later turn crops) and
-    # later turns may look closer at the last page shown.
+    # later turns look closer at the last page shown or answer (`region_turn_regex`).
     regions = bool(overrides.get("region_action"))
-    grammar = tool_call_regex if overrides.get("action_format") == "tool_call" else action_regex
-    base["action_regex"] = grammar(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE, regions=regions)
+    action_format = overrides.get("action_format", "tags")
+    grammar = tool_call_regex if action_format == "tool_call" else action_regex
+    base["action_regex"] = (region_turn_regex(action_format) if regions
+                            else grammar(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE))
     base["first_turn_action_regex"] = grammar(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE, answer=False,
                                               fetch=not regions)
     if overrides.get("action_format") == "tool_call":
@@ -241,7 +263,7 @@ def finish_demo(output: Any, out_path: Path, *, processor: Any, model_dir: Path,
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
     save_rollout(output, out_path, processor=processor, model_path=model_dir, config=config)
-    print_summary(output)
+    print_summary(output, regions=config.region_action)
     print(f"saved {len(output)} samples of {output.meta_info.get('model_family')} ({model_dir}) to {out_path}")
     report = run_check(out_path, model_dir)
     print(report.human())
@@ -251,18 +273,31 @@ def finish_demo(output: Any, out_path: Path, *, processor: Any, model_dir: Path,
     return {"output": output, "report": report, "html": html, "processor": processor}
 
 
-def print_summary(output: Any) -> None:
+def print_summary(output: Any, regions: bool = False) -> None:
+    """One line per sample (its document, ending, turns, actions, response and observation
+    tokens, pages shown), then the batch's rollout metrics. With `regions` (the region action
+    on) a `crop` column counts each sample's crops, and each crop's region follows its pages, as
+    fractions of the page: `crops [x1,y1,x2,y2]`."""
     batch, columns = output.batch, output.non_tensor_batch
-    header = f"{'#':>3} {'doc':<16} {'end':<10} {'turns':>5} {'srch':>4} {'ftch':>4} {'resp':>5} {'obs':>5}  pages"
-    print(header)
+    crop_head = f" {'crop':>4}" if regions else ""
+    print(f"{'#':>3} {'doc':<16} {'end':<10} {'turns':>5} {'srch':>4} {'ftch':>4}{crop_head} {'resp':>5} {'obs':>5}  pages")
     for row, doc in enumerate(columns["doc_id"]):
         used = int(batch["response_mask"][row].sum())
         sampled = int(batch["loss_mask"][row].sum())
         pages = ",".join(page for turn in columns["page_ids"][row] for page in turn) or "-"
+        crops = f" {int(columns['num_crops'][row]):>4}" if regions else ""
         print(
             f"{row:>3} {str(doc):<16} {columns['termination_reason'][row]:<10} {int(columns['num_turns'][row]):>5} "
-            f"{int(columns['num_searches'][row]):>4} {int(columns['num_fetches'][row]):>4} {used:>5} {used - sampled:>5}  {pages}"
+            f"{int(columns['num_searches'][row]):>4} {int(columns['num_fetches'][row]):>4}{crops} {used:>5} "
+            f"{used - sampled:>5}  {pages}{_crop_regions(columns['image_regions'][row]) if regions else ''}"
         )
     metrics = output.meta_info.get("metrics", {})
-    keys = ("rollout/turns_mean", "rollout/searches", "rollout/fetches", "rollout/retriever_errors", "rollout/seconds")
+    keys = ("rollout/turns_mean", "rollout/searches", "rollout/fetches") + (("rollout/crops",) if regions else ())
+    keys += ("rollout/retriever_errors", "rollout/seconds")
     print("  ".join(f"{key.split('/')[-1]}={metrics.get(key, 0):.2f}" for key in keys))
+
+
+def _crop_regions(image_regions: Any) -> str:
+    """`  crops [x1,y1,x2,y2] ...` for the crops among a sample's images (None: a whole page)."""
+    boxes = [f"[{','.join(f'{v:.2f}' for v in region)}]" for region in image_regions if region is not None]
+    return f"  crops {' '.join(boxes)}" if boxes else ""

@@ -122,7 +122,7 @@ def _action(kind: str, body: str) -> str:
         try:
             call = json.loads(body)
             return f"{call['name']} {json.dumps(call.get('arguments', {}), ensure_ascii=False)}"
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):  # a policy's JSON is hostile input
             pass
     return f"{kind} {_same(body)}"
 
