@@ -439,7 +439,9 @@ def main() -> int:
     import torch
     import torch.distributed as dist
     from retriever_server.testing import serve_in_thread
-    from vrag_rollout.devkit.demo import prepare_index
+    from transformers import AutoProcessor
+
+    from vrag_rollout.devkit.demo import demo_page_band, prepare_index
     from vrag_rollout.devkit.tiny_model import build_tiny_model, default_model_dir
 
     work = args.work or Path(tempfile.mkdtemp(prefix="check-easyr1-"))
@@ -451,14 +453,14 @@ def main() -> int:
         started = time.perf_counter()
         parquet = make_dataset(work, index_dir, args.action_format, task=args.steps > 0, data=args.data,
                                source_format=args.source_format)
-        factor = 32 if args.family == "qwen3-vl" else 28
+        band = demo_page_band(AutoProcessor.from_pretrained(model_dir))  # inside the processor's own limits
         native = args.action_format == "tool_call"
         config = glue.load_ppo_config([
             f"config={REPO / 'examples' / 'easyr1_vrag.yaml'}",
             f"data.train_files={parquet}", f"data.val_files={parquet}",
             f"data.max_prompt_length={1024 if native else 384}", f"data.max_response_length={args.response_length}",
-            f"data.rollout_batch_size={args.batch_size}", f"data.min_pixels={16 * factor ** 2}",
-            f"data.max_pixels={1280 * factor ** 2}",
+            f"data.rollout_batch_size={args.batch_size}", f"data.min_pixels={band['page_min_pixels']}",
+            f"data.max_pixels={20 * band['page_max_pixels']}",
             f"worker.actor.model.model_path={model_dir}", "worker.actor.padding_free=false",
             "worker.actor.dynamic_batching=false", f"worker.actor.global_batch_size={args.batch_size}",
             "worker.actor.micro_batch_size_per_device_for_experience=1",
@@ -467,7 +469,8 @@ def main() -> int:
             "worker.actor.fsdp.mp_reduce_dtype=fp32", "worker.actor.fsdp.mp_buffer_dtype=fp32",
             "worker.rollout.dtype=fp32", "worker.rollout.enforce_eager=true", f"worker.rollout.n={args.n}",
             f"worker.rollout.retriever_url={url}", "worker.rollout.top_n=1", "worker.rollout.max_turns=3",
-            f"worker.rollout.page_min_pixels={16 * factor ** 2}", f"worker.rollout.page_max_pixels={64 * factor ** 2}",
+            f"worker.rollout.page_min_pixels={band['page_min_pixels']}",
+            f"worker.rollout.page_max_pixels={band['page_max_pixels']}",
             "worker.rollout.calculate_log_probs=true", "worker.rollout.max_num_batched_tokens=4096",
             f"worker.rollout.action_format={args.action_format}",
             "worker.rollout.gpu_memory_utilization=0.3", f"worker.rollout.temperature={args.temperature}",

@@ -99,6 +99,24 @@ def _model_type(model_path: Any) -> Optional[str]:
         return None
 
 
+def logits_width(model_path: Any) -> Optional[int]:
+    """Rows of the model's embedding and LM head (its logits' width): a local checkpoint's
+    `text_config.vocab_size` (or top-level `vocab_size`), or None when there is none to read."""
+    try:
+        config = json.loads((Path(str(model_path)) / "config.json").read_text())
+        width = (config.get("text_config") or {}).get("vocab_size") or config["vocab_size"]
+        return int(width)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def padded_token_ids(width: Optional[int], tokenizer_size: int) -> tuple[int, ...]:
+    """The ids of embedding rows past the tokenizer: released checkpoints pad the vocabulary
+    (151936 rows for 151665 tokens), no text decodes to these ids, and the engine samples from
+    every row, so the rollout bans them with the vision tokens. Empty when `width` is unknown."""
+    return tuple(range(int(tokenizer_size), int(width))) if width else ()
+
+
 def _family_of_processor(processor: Any) -> Optional[ModelFamily]:
     name = type(processor).__name__
     for family in FAMILIES:

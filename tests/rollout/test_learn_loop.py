@@ -30,7 +30,8 @@ from vrag_rollout.engine.weights import SYNC_TOLERANCE, check_synced, logprob_ga
 from vrag_rollout.retrieval.client import RetrieverClient
 from vrag_rollout.retrieval.fixtures import FixtureTransport
 from vrag_rollout.training import grpo
-from vrag_rollout.training.learn import GAP_TOLERANCE, STEP_FIELDS, LearnError, check_record, reward_summary
+from vrag_rollout.training.learn import (GAP_TOLERANCE, MOVEMENT_FACTOR, STEP_FIELDS, LearnError, check_record,
+                                         reward_summary)
 from vrag_rollout.verify.check import run_check
 
 STEPS = 16  # measured: the reward rises from about 0.15 to about 0.8 by then (docs/learning.md)
@@ -149,10 +150,28 @@ def test_a_skipped_sync_fails_the_run(tmp_path, monkeypatch, tiny_model_dir, tin
 
     sync_weights(tiny_llm, original)
     monkeypatch.setattr(weights, "sync_weights", lambda llm, model: 0)
-    with pytest.raises(weights.WeightSyncError, match="logprob gap"):
+    with pytest.raises(LearnError, match="logprob gap"):
         run_learn(tmp_path, **{**SETTINGS, "steps": 2}, model_dir=tiny_model_dir, processor=tiny_processor,
                   llm=tiny_llm, retriever=fixture_retriever(), progress=False)
-    assert (tmp_path / "metrics.jsonl").read_text() == ""
+    [line] = (tmp_path / "metrics.jsonl").read_text().splitlines()  # the failing step's line, then the stop
+    record = json.loads(line)
+    assert record["logprob_gap_max"] == record["policy_movement"] > GAP_TOLERANCE
+
+
+def test_a_learning_rate_too_small_for_the_sync_check_is_refused(tmp_path, monkeypatch, tiny_model_dir,
+                                                                  tiny_processor, tiny_llm, original, run):
+    """At lr 1e-7 an update moves the probe's logprobs by about 1e-4: a skipped sync would pass a
+    1e-3 gap check. The run must say the check has no power rather than pass."""
+    from vrag_rollout.engine import weights
+
+    sync_weights(tiny_llm, original)
+    monkeypatch.setattr(weights, "sync_weights", lambda llm, model: 0)
+    with pytest.raises(LearnError, match="moved the policy by only .* Raise the learning rate"):
+        run_learn(tmp_path, **{**SETTINGS, "steps": 1, "lr": 1e-7}, model_dir=tiny_model_dir,
+                  processor=tiny_processor, llm=tiny_llm, retriever=fixture_retriever(), progress=False,
+                  evaluate=False)
+    record = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert record["policy_movement"] < MOVEMENT_FACTOR * GAP_TOLERANCE and record["grad_norm"] > 0
 
 
 # --- the outputs ---------------------------------------------------------------------------------
@@ -166,6 +185,7 @@ def test_one_well_formed_metrics_line_per_step(run):
         assert 0 <= record["reward_mean"] <= 1 and record["turns_mean"] >= 1 and record["kl_to_initial"] >= 0
         assert all(0 <= record[f"reward_{part}"] <= 1 for part in ("accuracy", "f1", "format", "retrieval"))
         assert min(record["seconds_rollout"], record["seconds_update"], record["seconds_sync"]) > 0
+        assert record["policy_movement"] >= MOVEMENT_FACTOR * GAP_TOLERANCE > record["logprob_gap_max"]
     assert records[0]["kl_to_initial"] < 1e-6 < records[-1]["kl_to_initial"]  # step 1 samples the initial weights
     assert any(r["pages_shown_mean"] > 0 for r in records)
 
@@ -240,7 +260,13 @@ def test_check_against_another_family_says_which_tiny_model_to_build(run):
 def test_a_gap_over_tolerance_fails_the_run():
     record = dict.fromkeys(STEP_FIELDS, 0.0)
     record["step"] = 1
+    check_record(record)  # no gradient: nothing moved, nothing to prove
+    record.update(grad_norm=1.0, policy_movement=MOVEMENT_FACTOR * GAP_TOLERANCE)
     check_record(record)
+    record["policy_movement"] = 2 * GAP_TOLERANCE  # a no-op sync would pass: the check has no power
+    with pytest.raises(LearnError, match="could not tell a missing weight sync"):
+        check_record(record)
+    record["policy_movement"] = 1.0
     record["logprob_gap_max"] = 2 * GAP_TOLERANCE
     with pytest.raises(LearnError, match="logprob gap"):
         check_record(record)

@@ -187,6 +187,19 @@ def test_pad_run_cut_short(saved, grammar_rollout, tiny_processor):
     assert f"{end - start - 1} tokens" in failure.message
 
 
+def test_a_sampled_padded_vocabulary_row(saved, grammar_rollout, tiny_processor):
+    """Released checkpoints pad the embedding past the tokenizer; an id there decodes to nothing.
+    A sampled one is a rollout defect (it must be banned), not a batch of another model."""
+    row, P = 0, saved.tensors["prompts"].shape[1]
+    position = int(saved.tensors["loss_mask"][row].nonzero()[2])
+    padded = len(tiny_processor.tokenizer) + 5
+    for key in ("responses", "input_ids"):
+        offset = 0 if key == "responses" else P
+        saved.tensors[key][row, offset + position] = padded
+    report = check_batch(saved, grammar_rollout.model_dir)
+    caught(report, "contract", row, P + position, f"token id {padded} is a padded row")
+
+
 def test_observation_text_token_in_the_loss_mask(saved, grammar_rollout):
     row = next(r for r in range(len(saved)) if observation_blocks(saved, r))
     start, end = observation_blocks(saved, row)[0]

@@ -69,6 +69,10 @@ class SerialTokenizer:
         with self.lock:
             return self.raw.get_vocab()
 
+    def __len__(self) -> int:
+        with self.lock:
+            return len(self.raw)
+
     def __getattr__(self, name: str) -> Any:
         """Plain attributes (`pad_token_id`, `eos_token_id`, ...) read through; a method not
         listed above is refused rather than called without the lock."""

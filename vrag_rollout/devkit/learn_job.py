@@ -5,8 +5,9 @@ same directory in fp32, `vLLMRolloutAgent` with `calculate_log_probs=True` on th
 on the find-the-page task (`learn_task.py`: its questions, ground truths and action grammar), the
 embedded retriever on the sample corpus (or a running one, or recorded fixtures), the project's
 reward, verl's GRPO step with the KL to the initial weights measured, and after every step
-`engine.weights.sync_weights` + `check_synced` on the engine the rollout uses (a gap over 1e-3
-raises, failing the run). A progress bar and one line per step report reward and gap.
+`engine.weights.sync_weights` on the engine the rollout uses, with `logprob_gap` before the sync
+(how far the update moved the policy) and after it (a gap over 1e-3, or a movement too small for
+that check to mean anything, fails the run). A progress bar and one line per step report reward and gap.
 
 Outputs in `out_dir`: `metrics.jsonl` (one line per step), `reward.png` (the curve), `final/` (the
 trained model in Hugging Face format) and `eval.pt` (a batch the final weights rolled out, saved
@@ -75,7 +76,7 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
 
     from ..data.dataset import read_questions
     from ..engine.llm import configure_cpu_defaults
-    from ..engine.weights import check_synced, sync_weights
+    from ..engine import weights
     from ..rollout.agent import vLLMRolloutAgent
     from ..training.grpo import response_log_probs
     from ..training.learn import episode_scores, learn, reward_summary
@@ -113,9 +114,11 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
         engine = agent.inference_engine
         prompts = demo_prompts(tokenizer, processor, samples, config)
 
-        def sync(policy: Any) -> float:
-            sync_weights(engine, policy)
-            return check_synced(engine, policy, processor)
+        def sync(policy: Any) -> None:
+            weights.sync_weights(engine, policy)
+
+        def probe(policy: Any) -> float:
+            return weights.logprob_gap(engine, policy, processor)
 
         def reference(batch: Any) -> Any:
             with torch.no_grad():
@@ -128,10 +131,11 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
             bar.set_postfix(reward=f"{record['reward_mean']:.2f}", gap=f"{record['logprob_gap_max']:.1e}")
             bar.write(f"step {record['step']:>3}/{steps} reward {record['reward_mean']:.3f} "
                       f"(accuracy {record['reward_accuracy']:.2f}, retrieval {record['reward_retrieval']:.2f}) "
-                      f"kl {record['kl_to_initial']:.4f} post-sync logprob gap {record['logprob_gap_max']:.1e}")
+                      f"kl {record['kl_to_initial']:.4f} moved {record['policy_movement']:.1e} "
+                      f"post-sync logprob gap {record['logprob_gap_max']:.1e}")
 
         records = learn(
-            prompts, rollout=agent.generate_sequences, sync=sync, reference=reference,
+            prompts, rollout=agent.generate_sequences, sync=sync, probe=probe, reference=reference,
             reward=lambda batch: episode_scores(batch, tokenizer, truths),
             hf_model=hf_model, optimizer=torch.optim.AdamW(hf_model.parameters(), lr=lr, weight_decay=0.0),
             processor=processor, n=n, temperature=temperature, steps=steps, out_dir=out_dir, on_step=on_step,

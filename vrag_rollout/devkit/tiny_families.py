@@ -1,9 +1,15 @@
-"""Per-family parts of the tiny offline models: chat template, processor, and model config.
+"""Per-family parts of the tiny offline models: chat template, processor, model config, and the
+released checkpoint's shape.
 
 Each family is built from its own transformers classes (config, model, processor, image and
 video processors) so that transformers and vLLM load it exactly as they load the released
-checkpoints; only the sizes are tiny. The sizes respect what vLLM's CPU backend accepts: a text
-head_dim of 32 (16 is refused) and an `mrope_section` summing to head_dim / 2.
+checkpoints; only the layer sizes are tiny. The sizes respect what vLLM's CPU backend accepts: a
+text head_dim of 32 (16 is refused) and an `mrope_section` summing to head_dim / 2.
+
+`ReleasedShape` holds what is *not* tiny: the traits of one released checkpoint of the family that
+code can depend on (padded vocabulary, tied or untied embeddings, added tokens after the vision
+block, generation defaults, processor pixel limits), read from its published config files
+(docs/tiny-models.md lists them and how to check a new family's).
 """
 
 from __future__ import annotations
@@ -107,22 +113,57 @@ _MROPE = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 
 
 
 @dataclass(frozen=True)
+class ReleasedShape:
+    """The traits of one released checkpoint that a tiny model copies (`checkpoint` names it)."""
+
+    checkpoint: str
+    vocab_size: int  # rows of the embedding and the LM head: padded past the tokenizer
+    tie_word_embeddings: bool  # the small sizes tie the LM head to the embedding, the large do not
+    # tokens the released tokenizer adds after <|video_pad|> (151656), in id order: (token, special)
+    added_tokens: tuple[tuple[str, bool], ...]
+    sampling_defaults: dict  # generation_config.json's sampling fields
+    min_pixels: int  # preprocessor_config.json's pixel limits
+    max_pixels: int
+
+
+_FIM_TOKENS = tuple((token, False) for token in ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+                                                "<|repo_name|>", "<|file_sep|>"))
+_TOOL_CALL_TOKENS = (("<tool_call>", False), ("</tool_call>", False))
+# Qwen2-VL and Qwen2.5-VL Instruct: near-greedy defaults with a repetition penalty.
+_QWEN2_PIXELS = dict(min_pixels=56 * 56, max_pixels=28 * 28 * 16384)
+
+QWEN2_VL_SHAPE = ReleasedShape("Qwen/Qwen2-VL-2B-Instruct", 151936, True, (),
+                               dict(temperature=0.01, top_p=0.001, top_k=1, repetition_penalty=1.05), **_QWEN2_PIXELS)
+QWEN2_5_VL_SHAPE = ReleasedShape("Qwen/Qwen2.5-VL-7B-Instruct", 152064, False, _TOOL_CALL_TOKENS + _FIM_TOKENS,
+                                 dict(temperature=0.1, top_p=0.001, top_k=1, repetition_penalty=1.05), **_QWEN2_PIXELS)
+QWEN3_VL_SHAPE = ReleasedShape(
+    "Qwen/Qwen3-VL-4B-Instruct", 151936, True,
+    _TOOL_CALL_TOKENS + _FIM_TOKENS + (("<tool_response>", False), ("</tool_response>", False),
+                                       ("<think>", False), ("</think>", False)),
+    dict(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.0), min_pixels=65536, max_pixels=16777216)
+
+
+@dataclass(frozen=True)
 class TinyFamily:
     name: str  # the ModelFamily name
     patch_size: int  # vision patch in pixels; one merged token covers (patch * merge)^2
     chat_template: str
-    added_tokens: tuple[str, ...]  # non-special added tokens of the released tokenizer
+    shape: ReleasedShape
     build_processor: Callable[[Any, "TinyFamily", dict], Any]
-    build_config: Callable[[dict, int], Any]
+    build_config: Callable[[dict, int, bool], Any]
     model_class: str  # transformers class name of the generation model
 
     @property
     def factor(self) -> int:
         return self.patch_size * 2
 
+    @property
+    def added_tokens(self) -> tuple[str, ...]:
+        return tuple(token for token, _ in self.shape.added_tokens)
+
     def pixel_band(self) -> dict:
-        """The tiny processor's own band: 4 to 256 merged tokens a picture."""
-        return {"shortest_edge": 4 * self.factor**2, "longest_edge": 256 * self.factor**2}
+        """The released processor's pixel limits."""
+        return {"shortest_edge": self.shape.min_pixels, "longest_edge": self.shape.max_pixels}
 
 
 def _qwen2_processor(tok: Any, family: TinyFamily, size: dict) -> Any:
@@ -175,17 +216,17 @@ def _rope(**extra: Any) -> dict:
     return {"rope_theta": params.pop("rope_theta"), "rope_scaling": params}
 
 
-def _qwen2_vl_config(ids: dict, vocab_size: int) -> Any:
+def _qwen2_vl_config(ids: dict, vocab_size: int, tied: bool) -> Any:
     from transformers import Qwen2VLConfig
 
     text = dict(_TEXT, vocab_size=vocab_size, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
                 **_rope(), **_text_ids(ids))
     vision = dict(depth=1, embed_dim=64, hidden_size=128, num_heads=4, mlp_ratio=2, in_channels=3,
                   patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
-    return Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **_token_ids(ids))
+    return Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=tied, **_token_ids(ids))
 
 
-def _qwen2_5_vl_config(ids: dict, vocab_size: int) -> Any:
+def _qwen2_5_vl_config(ids: dict, vocab_size: int, tied: bool) -> Any:
     from transformers import Qwen2_5_VLConfig
 
     text = dict(_TEXT, vocab_size=vocab_size, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
@@ -194,10 +235,10 @@ def _qwen2_5_vl_config(ids: dict, vocab_size: int) -> Any:
     vision = dict(depth=2, fullatt_block_indexes=[1], window_size=112, hidden_size=64, intermediate_size=128,
                   num_heads=4, out_hidden_size=128, in_channels=3, patch_size=14, spatial_merge_size=2,
                   temporal_patch_size=2, hidden_act="silu")
-    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **_token_ids(ids))
+    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=tied, **_token_ids(ids))
 
 
-def _qwen3_vl_config(ids: dict, vocab_size: int) -> Any:
+def _qwen3_vl_config(ids: dict, vocab_size: int, tied: bool) -> Any:
     from transformers import Qwen3VLConfig
 
     text = dict(_TEXT, vocab_size=vocab_size, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
@@ -206,18 +247,17 @@ def _qwen3_vl_config(ids: dict, vocab_size: int) -> Any:
     vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                   num_position_embeddings=256, deepstack_visual_indexes=[0], in_channels=3, patch_size=16,
                   spatial_merge_size=2, temporal_patch_size=2)
-    return Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **_token_ids(ids))
+    return Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=tied, **_token_ids(ids))
 
 
 TINY_FAMILIES: dict[str, TinyFamily] = {
     family.name: family
     for family in (
-        TinyFamily("qwen2-vl", 14, QWEN2_CHAT_TEMPLATE, (), _qwen2_processor, _qwen2_vl_config,
+        TinyFamily("qwen2-vl", 14, QWEN2_CHAT_TEMPLATE, QWEN2_VL_SHAPE, _qwen2_processor, _qwen2_vl_config,
                    "Qwen2VLForConditionalGeneration"),
-        TinyFamily("qwen2.5-vl", 14, QWEN2_CHAT_TEMPLATE, ("<tool_call>", "</tool_call>"), _qwen2_processor,
+        TinyFamily("qwen2.5-vl", 14, QWEN2_CHAT_TEMPLATE, QWEN2_5_VL_SHAPE, _qwen2_processor,
                    _qwen2_5_vl_config, "Qwen2_5_VLForConditionalGeneration"),
-        TinyFamily("qwen3-vl", 16, QWEN3_CHAT_TEMPLATE,
-                   ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"),
-                   _qwen3_processor, _qwen3_vl_config, "Qwen3VLForConditionalGeneration"),
+        TinyFamily("qwen3-vl", 16, QWEN3_CHAT_TEMPLATE, QWEN3_VL_SHAPE, _qwen3_processor, _qwen3_vl_config,
+                   "Qwen3VLForConditionalGeneration"),
     )
 }

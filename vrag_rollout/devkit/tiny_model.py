@@ -6,7 +6,12 @@ tokenizer class, special tokens, chat template shape, image processor geometry) 
 in seconds without a model hub. Nothing here is trained beyond the tokenizer. The per-family
 parts live in `tiny_families`; this module holds the tokenizer and the atomic, cached build.
 
-Special-token ids of this tokenizer differ from real Qwen: always look them up by name.
+Release-shaped: every structural trait of the released checkpoints that code can depend on is
+mirrored (`tiny_families.ReleasedShape`, docs/tiny-models.md): the special tokens sit at their
+released ids (`<|endoftext|>` 151643 ...), which a synthetic filler vocabulary below them makes
+possible; `vocab_size` is padded past the tokenizer as the releases pad it; embeddings are tied or
+untied as the released size they copy; `generation_config.json` and the processor's pixel limits
+are the released ones. Code must still look ids up by name (another family may put them elsewhere).
 """
 
 from __future__ import annotations
@@ -22,10 +27,15 @@ from ..families import family_by_name
 from .tiny_families import TINY_FAMILIES, TinyFamily
 
 # Bump when anything that changes the built files changes: old caches are then rebuilt.
-BUILDER_VERSION = 2
+BUILDER_VERSION = 4
 MARKER_NAME = ".vrag_tiny_build.json"
 
 BPE_VOCAB_SIZE = 1024
+# The released tokenizers hold 151,643 ordinary tokens before `<|endoftext|>`: fillers make up the
+# ids between the learned BPE and that count. A filler mixes letters and digits, which Qwen2's
+# pre-tokenizer always splits apart, so no text ever encodes to one; each still decodes (" fill123").
+RELEASED_ORDINARY_TOKENS = 151643
+FILLER_PREFIX = "\u0120fill"  # byte-level spelling of " fill"
 
 # Qwen2-VL's special tokens, in Qwen's own id order (they follow the BPE vocabulary).
 SPECIAL_TOKENS = (
@@ -97,7 +107,7 @@ def _train_tokenizer(seed: int, family: TinyFamily):
     )
     raw.train_from_iterator(_corpus(seed), trainer=trainer)
     model = json.loads(raw.to_str())["model"]
-    vocab = dict(sorted(model["vocab"].items(), key=lambda kv: kv[1]))
+    vocab = _with_fillers(dict(sorted(model["vocab"].items(), key=lambda kv: kv[1])))
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
 
     tok = _qwen2_tokenizer(vocab, merges)
@@ -105,11 +115,19 @@ def _train_tokenizer(seed: int, family: TinyFamily):
     # <|im_end|> the EOS as in the Instruct models: chat turns end with it. (transformers 5 calls
     # the key extra_special_tokens and still takes the 4.x name.)
     tok.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS)})
-    if family.added_tokens:  # e.g. <tool_call>, <think>: whole tokens, but not special ones
-        tok.add_tokens(list(family.added_tokens))
+    # The family's later added tokens one at a time, so each lands at its released id.
+    for token, special in family.shape.added_tokens:
+        tok.add_tokens([token], special_tokens=special)  # <tool_call>, <think>: whole, not special
     tok.eos_token = "<|im_end|>"
     tok.chat_template = family.chat_template
     return tok
+
+
+def _with_fillers(vocab: dict) -> dict:
+    """`vocab` (ids 0..n-1) extended with filler tokens up to `RELEASED_ORDINARY_TOKENS` ids."""
+    learned = len(vocab)
+    vocab.update({f"{FILLER_PREFIX}{i}": i for i in range(learned, RELEASED_ORDINARY_TOKENS)})
+    return vocab
 
 
 def _qwen2_tokenizer(vocab: dict, merges: list):
@@ -134,24 +152,24 @@ def _special_ids(tok) -> dict[str, int]:
     return {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
 
 
-def _build_model(family: TinyFamily, ids: dict[str, int], vocab_size: int, seed: int):
+def _build_model(family: TinyFamily, ids: dict[str, int], seed: int):
     import torch
     import transformers
     from transformers import GenerationConfig
 
-    # vocab_size exactly len(tokenizer): padded ids would be undecodable.
-    config = family.build_config(ids, vocab_size)
+    shape = family.shape
+    config = family.build_config(ids, shape.vocab_size, shape.tie_word_embeddings)
     config.dtype = torch.float32
     torch.manual_seed(seed)
     model = getattr(transformers, family.model_class)(config).to(torch.float32).eval()
+    # The released generation_config.json: vLLM reads it by default, so its sampling defaults
+    # (a repetition penalty, a low temperature) are what a rollout that forgets to set its own gets.
     model.generation_config = GenerationConfig(
         bos_token_id=ids["<|endoftext|>"],
         eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
         pad_token_id=ids["<|endoftext|>"],
         do_sample=True,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
+        **shape.sampling_defaults,
     )
     return model
 
@@ -184,7 +202,7 @@ def _build_into(dir_: Path, seed: int, family: str) -> None:
     ids = _special_ids(tok)
     assert len(set(ids.values())) == len(SPECIAL_TOKENS), ids
     processor = spec.build_processor(tok, spec, spec.pixel_band())
-    model = _build_model(spec, ids, vocab_size=len(tok), seed=seed)
+    model = _build_model(spec, ids, seed=seed)
     model.save_pretrained(dir_, safe_serialization=True)
     processor.save_pretrained(dir_)
     _write_marker(dir_, seed, family)
@@ -227,7 +245,7 @@ def build_tiny_qwen2vl(out_dir: str | Path, *, seed: int = 0) -> Path:
 
 def default_model_dir(family: str = "qwen2-vl") -> Path:
     """``$VRAG_ROLLOUT_CACHE/tiny-<family>-v<N>``, else ``~/.cache/vrag-rollout/tiny-<family>-v<N>``,
-    the family written without dashes and dots (``tiny-qwen2vl-v2``, ``tiny-qwen25vl-v2``)."""
+    the family written without dashes and dots (``tiny-qwen2vl-v4``, ``tiny-qwen25vl-v4``)."""
     root = os.environ.get("VRAG_ROLLOUT_CACHE")
     base = Path(root).expanduser() if root else Path.home() / ".cache" / "vrag-rollout"
     slug = family_by_name(family).name.replace("-", "").replace(".", "")

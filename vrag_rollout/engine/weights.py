@@ -30,9 +30,10 @@ The engine must be awake and idle (no request in flight) during a sync.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
-from ..families import BANNED_SPECIAL_TOKENS
+from ..families import BANNED_SPECIAL_TOKENS, padded_token_ids
+from ..logit_bias import dense_logit_bias
 from .input_norms import restore_engine_input_norms
 from .sampling import BANNED_LOGIT_BIAS
 
@@ -131,9 +132,12 @@ def unloaded_parameters(model: Any, loaded: set) -> set:
 
 # --- the check -----------------------------------------------------------------------------------
 
-def banned_token_ids(tokenizer: Any) -> list[int]:
+def banned_token_ids(tokenizer: Any, width: Optional[int] = None) -> list[int]:
+    """The ids the rollout bans: the vision special tokens, and the padded embedding rows past the
+    tokenizer when the logits' `width` is given."""
     ids = [tokenizer.convert_tokens_to_ids(token) for token in BANNED_SPECIAL_TOKENS]
-    return sorted({i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id and i >= 0})
+    vision = {i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id and i >= 0}
+    return sorted(vision | set(padded_token_ids(width, len(tokenizer))))
 
 
 def check_image() -> Any:
@@ -169,9 +173,10 @@ def sampling_params(temperature: float, max_tokens: int, seed: int, banned: Sequ
                           logit_bias={token: BANNED_LOGIT_BIAS for token in banned})
 
 
-def hf_logprobs(hf_model: Any, processor: Any, ids: Any, images: list, bias: Any, temperature: float,
-                processed: bool) -> Any:
-    """Log-probabilities over the vocabulary at every position of `ids`, by transformers: (L, V)."""
+def hf_logprobs(hf_model: Any, processor: Any, ids: Any, images: list, bias: dict[int, float], temperature: float,
+                processed: bool, first: int = 0) -> Any:
+    """Log-probabilities over the logits (the padded vocabulary) at positions `first`.. of `ids`, by
+    transformers: (L - first, V)."""
     import torch
 
     image_pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
@@ -181,9 +186,10 @@ def hf_logprobs(hf_model: Any, processor: Any, ids: Any, images: list, bias: Any
     if images:
         inputs.update(processor.image_processor(images=images, return_tensors="pt"))
     with torch.no_grad():
-        logits = hf_model(**inputs).logits[0].float()
+        keep = len(ids) - first  # sliced again after the call: transformers 4.x's Qwen2-VL ignores it
+        logits = hf_model(**inputs, logits_to_keep=keep).logits[0, -keep:].float()
     if processed:
-        logits = (logits + bias[: logits.shape[-1]]) / temperature
+        logits = (logits + dense_logit_bias(bias, logits.shape[-1])) / temperature
     return torch.log_softmax(logits, dim=-1)
 
 
@@ -196,21 +202,21 @@ def logprob_gap(llm: Any, hf_model: Any, processor: Any, prompts: Sequence[str] 
     if mode not in ("processed_logprobs", "raw_logprobs"):
         raise ValueError(f"cannot check an engine whose logprobs_mode is {mode!r}")
     processed = mode == "processed_logprobs"
-    banned = banned_token_ids(processor.tokenizer)
+    banned = banned_token_ids(processor.tokenizer, hf_model.get_output_embeddings().weight.shape[0])
     requests = check_requests(processor, prompts, with_image)
     outputs = llm.generate([prompt for prompt, _ in requests], sampling_params(temperature, max_tokens, seed, banned),
                            use_tqdm=False)
-    bias = torch.zeros(max(len(processor.tokenizer), max(banned, default=0) + 1))
-    bias[banned] = BANNED_LOGIT_BIAS
+    bias = {token: BANNED_LOGIT_BIAS for token in banned}
     gap, compared = 0.0, 0
     for (_, images), output in zip(requests, outputs):
         completion = output.outputs[0]
         prompt_ids, sampled = list(output.prompt_token_ids), list(completion.token_ids)
         ids = torch.tensor(prompt_ids + sampled)
-        logprobs = hf_logprobs(hf_model, processor, ids, images, bias, temperature, processed)
+        # the positions that predict the sampled tokens: from the prompt's last on
+        logprobs = hf_logprobs(hf_model, processor, ids, images, bias, temperature, processed, len(prompt_ids) - 1)
         for j, token in enumerate(sampled):
             engine_value = completion.logprobs[j][token].logprob
-            expected = float(logprobs[len(prompt_ids) + j - 1, token])
+            expected = float(logprobs[j, token])
             gap = max(gap, abs(float(engine_value) - expected))
             compared += 1
     if compared == 0:

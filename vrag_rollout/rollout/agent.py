@@ -29,7 +29,7 @@ from ..core.serial_tokenizer import private_copy
 from ..engine.group_sync import LocalSync, sync_for
 from ..engine.llm import VLLMEngine, build_llm, check_engine_limits
 from ..engine.sampling import BANNED_LOGIT_BIAS, SamplingPlan, data_parallel_rank, overrides_from_meta, request_seed
-from ..families import detect_family
+from ..families import detect_family, logits_width, padded_token_ids
 from ..protocol import object_array
 from .formats import FORMATS
 from .schedules import ScheduleClock, call_within, run_continuous, run_turn_synchronized
@@ -46,6 +46,13 @@ class BaseRollout(ABC):
     @abstractmethod
     def generate_sequences(self, prompts: Any) -> Any:
         """prompts: a DataProto of left-padded prompts -> a DataProto of prompts + responses."""
+
+
+def _logits_width(engine: Any, model_path: str) -> Optional[int]:
+    """The engine's own vocabulary size (what vLLM checks a logit bias against), else the local
+    checkpoint's (an engine in another process: verl's server)."""
+    model_config = getattr(getattr(engine, "llm_engine", None), "model_config", None)
+    return model_config.get_vocab_size() if model_config is not None else logits_width(model_path)
 
 
 class vLLMRollout(BaseRollout):
@@ -75,7 +82,9 @@ class vLLMRollout(BaseRollout):
         self.engine = VLLMEngine(self.inference_engine)
         self.sampling = SamplingPlan(
             self.config,
-            banned_token_ids=self.vision_tokens.banned,
+            # vision tokens, and the padded embedding rows no text decodes to (released checkpoints)
+            banned_token_ids=self.vision_tokens.banned + padded_token_ids(
+                _logits_width(self.inference_engine, model_path), len(self.tokenizer)),
             stop=self.stop_strings,
             action_regex=self.config.action_regex,
             first_turn_regex=self.config.first_turn_action_regex,

@@ -15,7 +15,8 @@ Contract:
   verl's `workers/utils/losses.ppo_loss` calls it; `config` is verl's own `ActorConfig`.
   verl's `response_mask` means "tokens the model generated" (its agent loop sets 0 on tool
   responses): that is our `loss_mask`, and it is what we pass, for advantages and loss alike.
-- `response_log_probs` is the HF model's log-prob of every response token, (B, R), 0 on padding:
+- `response_log_probs` is the HF model's log-prob of every sampled (`loss_mask`) response token,
+  (B, R), 0 on observation tokens and padding (never trained on, so never computed):
   one forward pass per sample over its unpadded tokens with its images through the processor's
   image processor (the model computes its own M-RoPE positions), with the engine's logit bias and
   temperature applied, i.e. the distribution the rollout sampled from.
@@ -43,6 +44,8 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
+
+from ..logit_bias import dense_logit_bias
 
 IMAGE_PAD = "<|image_pad|>"
 
@@ -126,16 +129,18 @@ def response_log_probs(hf_model: Any, processor: Any, batch: Any, temperature: f
         images = sample_images(batch, row)
         if images:
             inputs.update(processor.image_processor(images=images, return_tensors="pt").to(device))
-        logits = hf_model(**inputs).logits[0].float()
-        bias = torch.zeros(logits.shape[-1], device=device)
-        for token, value in batch.meta_info.get("logit_bias", {}).items():
-            if token < len(bias):
-                bias[token] = value
         prompt_len = int(tokens["attention_mask"][row][:prompt_width].sum())
-        # logits at position p predict token p + 1: the response's predictors start at prompt_len - 1
-        predictors = torch.log_softmax((logits[prompt_len - 1:-1] + bias) / temperature, dim=-1)
-        own = predictors.gather(-1, ids[prompt_len:, None])[:, 0]
-        rows.append(torch.nn.functional.pad(own, (0, tokens["responses"].shape[1] - len(own))))
+        # Only the sampled tokens are ever trained on, so only their predictors go through the LM
+        # head and the softmax (over a released vocabulary, the costliest part): the logits at
+        # position p predict token p + 1.
+        sampled = tokens["loss_mask"][row][: len(ids) - prompt_len].nonzero().flatten().to(device)
+        predictors = prompt_len - 1 + sampled
+        logits = hf_model(**inputs, logits_to_keep=predictors).logits[0]
+        if logits.shape[0] != len(predictors):  # transformers 4.x's Qwen2-VL ignores logits_to_keep
+            logits = logits[predictors]
+        bias = dense_logit_bias(batch.meta_info.get("logit_bias", {}), logits.shape[-1], device)
+        own = torch.log_softmax((logits.float() + bias) / temperature, dim=-1).gather(-1, ids[predictors + 1, None])[:, 0]
+        rows.append(torch.zeros(tokens["responses"].shape[1], device=device).scatter(0, sampled, own))
     log_prob = torch.stack(rows)
     forced = grammar_forced(batch)
     return log_prob if forced is None else log_prob.masked_fill(forced.to(log_prob.device), 0.0)

@@ -11,14 +11,20 @@ Contract:
   3. `grpo_step` (`training/grpo.py`: verl's advantages and loss) updates `hf_model` in place, and
      measures verl's low-variance KL of the sampling policy to `reference(batch)`, the initial
      model's log-probs of the same tokens;
-  4. `gap = sync(hf_model)`: the caller pushes the new weights into the engine the rollout uses and
-     returns the largest post-sync logprob gap (engine vs transformers); a gap above
-     `gap_tolerance` (1e-3), or a `sync` that raises, fails the run (`LearnError`), after the step's
-     line is written when a gap came back;
+  4. `movement = probe(hf_model)` before the sync: `probe` is the largest logprob gap between the
+     engine and a transformers forward pass of `hf_model` on fixed probe prompts, and the engine
+     still serves the old weights, so this is exactly what the post-sync check would read if the
+     sync did nothing; then `sync(hf_model)` pushes the new weights into the engine the rollout
+     uses and `gap = probe(hf_model)`. The run fails (`LearnError`, after the step's line is
+     written) when the gap is above `gap_tolerance` (1e-3), or when an update that had a gradient
+     moved the policy by less than `MOVEMENT_FACTOR` times the tolerance: such a check could not
+     tell a missing sync from a done one (a learning rate too small for it, e.g. 1e-6 on the tiny
+     model). A `sync` or `probe` that raises fails the run as it is;
   5. appends one JSON line to `out_dir/metrics.jsonl` with `STEP_FIELDS` (`step` is 1-based; the
      `reward_*` parts are means over the batch, `pages_shown_mean` the pages the retriever showed an
-     episode, `seconds_*` the step's time split) and calls `on_step(record)`. The file is rewritten
-     from the start of a run and flushed after every line.
+     episode, `policy_movement` the pre-sync gap of step 4, `seconds_*` the step's time split) and
+     calls `on_step(record)`. The file is rewritten from the start of a run and flushed after every
+     line.
 - The loop knows nothing of vLLM, the retriever or the agent (the layer rule: `training/` imports
   only `training/`, `core/` and the leaf modules); `devkit/learn_job.py` wires the real pieces
   (`vrag-rollout learn`).
@@ -41,9 +47,13 @@ from ..core.reward import PARTS, compute_scores, shown_pages
 from .grpo import actor_config, grpo_step
 
 STEP_FIELDS = ("step", "reward_mean", *(f"reward_{part}" for part in PARTS), "advantage_std", "loss", "grad_norm",
-               "logprob_gap_max", "kl_to_initial", "turns_mean", "pages_shown_mean",
+               "logprob_gap_max", "policy_movement", "kl_to_initial", "turns_mean", "pages_shown_mean",
                "seconds_rollout", "seconds_update", "seconds_sync")
 GAP_TOLERANCE = 1e-3  # the engine's SYNC_TOLERANCE (engine/weights.py), restated: training/ may not import engine/
+# An update must move the probe's logprobs this many tolerances for the post-sync check to mean
+# anything: a sync that did nothing leaves exactly the pre-sync gap (same prompts, seed and
+# weights), so it then reads at least three times the tolerance, clear of a done one's (about 1e-6).
+MOVEMENT_FACTOR = 3.0
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -101,19 +111,20 @@ def mean(values: Sequence[float]) -> float:
 
 
 def step_record(step: int, scores: Sequence[Mapping[str, float]], update: Mapping[str, float], gap: float,
-                batch: Any, seconds: Sequence[float]) -> dict:
+                movement: float, batch: Any, seconds: Sequence[float]) -> dict:
     """One metrics line, fields in `STEP_FIELDS` order (`check_record` validates it)."""
     return {"step": int(step), "reward_mean": mean([s["overall"] for s in scores]),
             **{f"reward_{part}": mean([s[part] for s in scores]) for part in PARTS},
             "advantage_std": float(update["advantage_std"]), "loss": float(update["loss"]),
             "grad_norm": float(update["grad_norm"]), "logprob_gap_max": float(gap),
-            "kl_to_initial": float(update["kl_to_reference"]), "turns_mean": turns_mean(batch),
+            "policy_movement": float(movement), "kl_to_initial": float(update["kl_to_reference"]), "turns_mean": turns_mean(batch),
             "pages_shown_mean": pages_shown_mean(batch), "seconds_rollout": float(seconds[0]),
             "seconds_update": float(seconds[1]), "seconds_sync": float(seconds[2])}
 
 
 def check_record(record: dict, gap_tolerance: float = GAP_TOLERANCE) -> None:
-    """Raise `LearnError` on a line with the wrong fields, a non-finite value or a gap over tolerance."""
+    """Raise `LearnError` on a line with the wrong fields, a non-finite value, a gap over tolerance,
+    or an update (one with a gradient) that moved the policy too little for the gap to prove a sync."""
     if tuple(record) != STEP_FIELDS:
         raise LearnError(f"metrics line has fields {tuple(record)}, expected {STEP_FIELDS}")
     bad = [key for key, value in record.items() if not math.isfinite(value)]
@@ -122,6 +133,12 @@ def check_record(record: dict, gap_tolerance: float = GAP_TOLERANCE) -> None:
     if not record["logprob_gap_max"] <= gap_tolerance:
         raise LearnError(f"step {record['step']}: the engine does not serve the updated weights: post-sync "
                          f"logprob gap {record['logprob_gap_max']:.3e} > {gap_tolerance:.0e}")
+    needed = MOVEMENT_FACTOR * gap_tolerance
+    if record["grad_norm"] > 0 and record["policy_movement"] < needed:
+        raise LearnError(f"step {record['step']}: the update moved the policy by only "
+                         f"{record['policy_movement']:.2e} (the engine's old weights against the new ones on the "
+                         f"probe prompts), under {needed:.0e}: the post-sync check (tolerance {gap_tolerance:.0e}) "
+                         "could not tell a missing weight sync from a done one. Raise the learning rate (--lr)")
 
 
 def reward_summary(records: Sequence[Mapping[str, float]], window: Optional[int] = None) -> dict:
@@ -137,7 +154,7 @@ def reward_summary(records: Sequence[Mapping[str, float]], window: Optional[int]
 
 # --- the loop ------------------------------------------------------------------------------------
 
-def learn(prompts: Any, *, rollout: Callable[[Any], Any], sync: Callable[[Any], float],
+def learn(prompts: Any, *, rollout: Callable[[Any], Any], sync: Callable[[Any], Any], probe: Callable[[Any], float],
           reward: Callable[[Any], Sequence[Mapping[str, float]]], reference: Callable[[Any], Any], hf_model: Any,
           optimizer: Any, processor: Any, n: int, temperature: float, steps: int, out_dir: Path, config: Any = None,
           gap_tolerance: float = GAP_TOLERANCE, on_step: Optional[Callable[[dict], None]] = None) -> list[dict]:
@@ -160,9 +177,12 @@ def learn(prompts: Any, *, rollout: Callable[[Any], Any], sync: Callable[[Any], 
             update = grpo_step(hf_model, optimizer, processor, batch, [s["overall"] for s in scores], n, temperature,
                                config, ref_log_prob=reference(batch))
             updated = time.perf_counter()
-            gap = float(sync(hf_model))
+            movement = float(probe(hf_model))  # what a sync that did nothing would leave
+            sync(hf_model)
+            gap = float(probe(hf_model))
             synced = time.perf_counter()
-            record = step_record(step, scores, update, gap, batch, (rolled - started, updated - rolled, synced - updated))
+            record = step_record(step, scores, update, gap, movement, batch,
+                                 (rolled - started, updated - rolled, synced - updated))
             metrics_file.write(json.dumps(record) + "\n")
             metrics_file.flush()
             records.append(record)
@@ -172,5 +192,5 @@ def learn(prompts: Any, *, rollout: Callable[[Any], Any], sync: Callable[[Any], 
     return records
 
 
-__all__ = ["GAP_TOLERANCE", "LearnError", "METRICS_FILE", "STEP_FIELDS", "check_record", "episode_scores",
+__all__ = ["GAP_TOLERANCE", "MOVEMENT_FACTOR", "LearnError", "METRICS_FILE", "STEP_FIELDS", "check_record", "episode_scores",
            "episode_texts", "learn", "pages_shown_mean", "reward_summary", "step_record", "turns_mean"]

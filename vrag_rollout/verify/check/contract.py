@@ -114,3 +114,15 @@ def check_row_contract(row: Row, prompts: torch.Tensor, eos_ids: set[int], nativ
     if row.reason in EOS_REASONS and (not tokens or tokens[-1] not in eos_ids):
         fail(P + max(used - 1, 0), f"termination_reason {row.reason!r} but the last response token is not an EOS")
     return fails
+
+
+def check_padded_rows(row: Row, tokenizer_size: int) -> list[Failure]:
+    """A response token at or past the tokenizer's size is a padded embedding row (released
+    checkpoints pad the vocabulary): no text decodes to it, so a rollout must never sample one."""
+    used = int(row.real.sum())
+    bad = first_bad(row.responses[:used] >= tokenizer_size)
+    if bad is None:
+        return []
+    return [Failure("contract", row.index, row.prompt_len + bad,
+                    f"token id {int(row.responses[bad])} is a padded row of the embedding, past the tokenizer's "
+                    f"{tokenizer_size} tokens: no text decodes to it (the rollout must ban ids >= len(tokenizer))")]

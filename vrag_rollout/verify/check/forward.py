@@ -53,15 +53,18 @@ def check_forward(saved: SavedBatch, oracle: ModelOracle, rows: list[Row], proce
         outputs = processed.get(row.index)
         if outputs is not None:
             kwargs.update(pixel_values=outputs["pixel_values"], image_grid_thw=outputs["image_grid_thw"])
-        with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs).logits[0].float()
-        logprobs = distribution.logprobs(logits)
         start = int(row.attention[: row.prompt_len].sum())  # compact index of response position 0
         sampled = row.loss[: int(row.real.sum())].nonzero().flatten()
         if not len(sampled):
             continue
+        # only the positions that predict response tokens (start - 1 on) go through the LM head
+        keep = ids.shape[1] - start + 1  # sliced again after the call: transformers 4.x's Qwen2-VL ignores it
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), logits_to_keep=keep,
+                           **kwargs).logits[0, -keep:].float()
+        logprobs = distribution.logprobs(logits)
         targets = row.responses[sampled]
-        forward = logprobs[start + sampled - 1, targets]
+        forward = logprobs[sampled, targets]
         rollout = t[key][row.index, sampled].float()
         gap = (rollout - forward).abs()
         gaps.append(gap)
@@ -127,6 +130,8 @@ class _SampledDistribution:
         else:
             bias = {token: BANNED_BIAS for name, token in oracle.tokenizer.get_added_vocab().items()
                     if _BANNED_NAME.match(name)}
+            # and the padded embedding rows past the tokenizer (no text decodes to them)
+            bias.update(dict.fromkeys(range(len(oracle.tokenizer), oracle.logits_width), BANNED_BIAS))
             if mode == "processed_logprobs":
                 notes.append(f"the batch does not record its logit bias: assumed {BANNED_BIAS:g} on the "
                              f"{len(bias)} vision special tokens")

@@ -54,6 +54,8 @@ class ModelOracle:
             raise CheckInputError(f"--model {self.model_dir}: cannot load its processor ({e})") from e
         self.tokenizer = self.processor.tokenizer
         c = self.config
+        text = getattr(c, "text_config", None) or c
+        self.logits_width = int(getattr(text, "vocab_size", None) or len(self.tokenizer))
         self.image_pad = int(c.image_token_id)
         self.video_pad = int(c.video_token_id)
         self.vision_start = int(c.vision_start_token_id)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..saved_batch import NotABatchError, SavedBatch, load_rollout
-from .contract import check_row_contract, check_shapes
+from .contract import check_padded_rows, check_row_contract, check_shapes
 from .forward import check_forward
 from .groups import check_groups
 from .images import check_images
@@ -53,10 +53,10 @@ def check_batch(saved: SavedBatch, model_dir: str | Path, *, forward: bool = Fal
     if fails:
         report.notes.append("per-sample checks skipped: the batch's shapes are broken")
         return report
-    vocab = len(oracle.tokenizer)
-    if int(saved.tensors["input_ids"].max()) >= vocab:
+    width = oracle.logits_width  # the embedding's rows: the tokenizer's size, padded in released checkpoints
+    if int(saved.tensors["input_ids"].max()) >= width:
         raise CheckInputError(f"the batch holds token ids up to {int(saved.tensors['input_ids'].max())}, beyond the "
-                              f"{vocab} tokens of --model {model_dir}: another tokenizer?")
+                              f"{width} embedding rows of --model {model_dir}: another model?")
     prompts = saved.tensors["prompts"]
     rows = sample_rows(saved)
     processed: dict[int, Any] = {}
@@ -65,6 +65,7 @@ def check_batch(saved: SavedBatch, model_dir: str | Path, *, forward: bool = Fal
     turn_ids = saved.tensors.get("turn_ids")
     for row in rows:
         report.failures += check_row_contract(row, prompts[row.index].long(), oracle.eos_ids, native)
+        report.failures += check_padded_rows(row, len(oracle.tokenizer))
         image_fails, grids, outputs = check_images(row, saved, oracle)
         report.failures += image_fails
         processed[row.index] = outputs
