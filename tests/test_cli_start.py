@@ -66,3 +66,36 @@ def test_every_option_of_every_subcommand_is_explained():
               for name, sub in subparsers.choices.items() for action in sub._actions
               if not isinstance(action, argparse._HelpAction) and not action.help]
     assert silent == []
+
+
+@pytest.mark.parametrize("command", ["demo", "learn"])
+def test_help_shows_no_empty_default(command, capsys):
+    from vrag_rollout.cli import main
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in help_text
+    assert "(default qwen2-vl)" in help_text  # the family option still says what runs without it
+
+
+def test_a_usage_error_in_a_subcommand_prints_that_subcommands_usage(capsys):
+    from vrag_rollout.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["learn", "--n", "1"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.startswith("usage: vrag-rollout learn") and "n must be >= 2" in err
+
+
+def test_learn_on_a_question_file_says_to_convert_it_first(tmp_path, capsys):
+    from vrag_rollout.cli import main
+
+    (tmp_path / "samples.json").write_text('[{"query": "q", "reference_answer": "a"}]')
+    with pytest.raises(SystemExit) as exit_info:
+        main(["learn", "--data", str(tmp_path / "samples.json"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert "not a parquet file" in err and f"vrag-rollout convert-dataset {tmp_path / 'samples.json'}" in err
+    assert not (tmp_path / "out").exists()

@@ -12,6 +12,14 @@ from .devkit.learn_job import DEFAULTS as LEARN_DEFAULTS
 from .families import FAMILY_NAMES
 
 
+class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, except where there is none to show (None): the help says then
+    what happens without the option."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every subcommand and option (parsing only: nothing heavy is imported here)."""
     parser = argparse.ArgumentParser(prog="vrag-rollout", description=__doc__)
@@ -19,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def subcommand(name: str, **kwargs: object) -> argparse.ArgumentParser:
         # every subcommand's --help shows each option's default
-        return commands.add_parser(name, formatter_class=argparse.ArgumentDefaultsHelpFormatter, **kwargs)
+        return commands.add_parser(name, formatter_class=_DefaultsHelp, **kwargs)
 
     demo = subcommand("demo", help="run a real agent rollout on vLLM against the embedded retriever")
     demo.add_argument("--out", type=Path, default=Path("artifacts/demo_rollout.pt"), help="where to save the batch (docs/saved-batch.md); the HTML view goes beside it")
@@ -158,9 +166,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def subcommand_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of subcommand `name`: its usage errors print its own usage line."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return commands.choices[name]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    top = build_parser()
+    args = top.parse_args(argv)
+    parser = subcommand_parser(top, args.command)
     # vLLM's CPU worker logs a warning on every generate call; keep the demo's output readable.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     if args.command in ("demo", "learn") and args.model is not None:
@@ -236,7 +251,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .data.dataset import convert_dataset_command
 
         if args.val_out is not None and not 0 < args.val_fraction < 1:
-            build_parser().error(f"--val-fraction must be between 0 and 1, got {args.val_fraction}")
+            parser.error(f"--val-fraction must be between 0 and 1, got {args.val_fraction}")
         return convert_dataset_command(args.source, args.out, index_dir=args.index, report_path=args.report,
                                        page_base=args.page_base, drop_missing=args.drop_missing,
                                        action_format=args.action_format, val_out=args.val_out,

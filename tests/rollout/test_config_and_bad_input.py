@@ -48,8 +48,10 @@ def agent(tiny_model_dir, tiny_processor, **overrides):
 
 
 def test_page_band_outside_the_processors_band_is_refused(tiny_model_dir, tiny_processor):
-    with pytest.raises(ValueError, match="inside the image processor's own band"):
-        agent(tiny_model_dir, tiny_processor, page_min_pixels=16 * 784, page_max_pixels=4096 * 784)
+    own = PixelBand.from_processor(tiny_processor)  # the released limits: 3,136 to 12,845,056 pixels
+    for low, high in ((16 * 784, 2 * own.max_pixels), (own.min_pixels // 2, 64 * 784)):
+        with pytest.raises(ValueError, match="inside the image processor's own band"):
+            agent(tiny_model_dir, tiny_processor, page_min_pixels=low, page_max_pixels=high)
 
 
 def test_missing_document_column_names_the_fix(tiny_model_dir, tiny_processor):

@@ -45,7 +45,7 @@ def test_tiny_model_is_its_familys_own(family_model):
     assert head_dim == 32  # vLLM's CPU attention refuses 16
     assert sum(text_config.rope_parameters["mrope_section"]) == head_dim // 2
     tokenizer = processor.tokenizer
-    assert len(tokenizer) == text_config.vocab_size
+    assert len(tokenizer) < text_config.vocab_size  # padded, as in the released checkpoints
     for name, token in (("image_token_id", "<|image_pad|>"), ("vision_start_token_id", "<|vision_start|>"),
                         ("vision_end_token_id", "<|vision_end|>")):
         assert getattr(config, name) == tokenizer.convert_tokens_to_ids(token)
@@ -115,8 +115,9 @@ TEMPERATURE = 0.7  # not 1: the logprobs must be those of the temperature-scaled
 
 
 def test_rollout_logprobs_equal_a_transformers_forward_pass(family_model):
-    """The distribution actually sampled from: the model's logits, the ban on vision tokens, the
-    temperature, computed by transformers from the finished batch and compared token by token."""
+    """The distribution actually sampled from: the model's logits, the ban on vision tokens and on
+    the padded embedding rows past the tokenizer, the temperature, computed by transformers from
+    the finished batch and compared token by token."""
     fm = family_model
     retriever = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))
     base = make_agent(fm.model_dir, fm.processor, fm.llm, retriever, n=2, max_turns=3, calculate_log_probs=True,
@@ -128,10 +129,10 @@ def test_rollout_logprobs_equal_a_transformers_forward_pass(family_model):
     output = agent.generate_sequences(prompts)
     assert output.meta_info["action_grammar"] is True and output.meta_info["model_family"] == fm.family
     assert output.meta_info["rollout_log_probs_mode"] == "processed_logprobs"
-    bias = torch.zeros(len(fm.processor.tokenizer))
-    bias[[fm.processor.tokenizer.convert_tokens_to_ids(token) for token in BANNED]] = -100.0
-
     model = AutoModelForImageTextToText.from_pretrained(fm.model_dir, dtype=torch.float32).eval()
+    bias = torch.zeros(model.config.text_config.vocab_size)  # the logits' width, past the tokenizer
+    bias[[fm.processor.tokenizer.convert_tokens_to_ids(token) for token in BANNED]] = -100.0
+    bias[len(fm.processor.tokenizer):] = -100.0
     image_pad = fm.processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     width = prompts.batch["input_ids"].shape[1]
     compared, after_pages = 0, 0

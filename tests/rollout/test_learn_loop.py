@@ -31,7 +31,7 @@ from vrag_rollout.retrieval.client import RetrieverClient
 from vrag_rollout.retrieval.fixtures import FixtureTransport
 from vrag_rollout.training import grpo
 from vrag_rollout.training.learn import (GAP_TOLERANCE, MOVEMENT_FACTOR, STEP_FIELDS, LearnError, check_record,
-                                         reward_summary)
+                                         no_signal, reward_summary)
 from vrag_rollout.verify.check import run_check
 
 STEPS = 16  # measured: the reward rises from about 0.15 to about 0.8 by then (docs/learning.md)
@@ -288,3 +288,10 @@ def test_the_command_refuses_settings_it_cannot_learn_from(flag, value, message,
         main(["learn", "--out", str(tmp_path), flag, value])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # refused before anything ran or was written
+
+
+def test_a_run_with_no_reward_difference_in_any_group_says_it_learned_nothing():
+    flat = [{"advantage_std": 0.0}] * 3
+    assert "no step had a reward difference" in no_signal(flat)
+    assert "the step had" in no_signal(flat[:1])
+    assert no_signal(flat + [{"advantage_std": 0.4}]) is None and no_signal([]) is None

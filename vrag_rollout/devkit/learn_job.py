@@ -35,6 +35,9 @@ def check_settings(*, steps: int, batch_size: int, n: int, max_turns: int, respo
                  ("response_length", response_length, 1)) if value < low]
     if data is not None and not Path(data).is_file():
         problems.append(f"--data {data}: no such file (write one with `vrag-rollout convert-dataset`)")
+    elif data is not None and not _is_parquet(Path(data)):
+        problems.append(f"--data {data}: not a parquet file; a question file is converted first: "
+                        f"`vrag-rollout convert-dataset {data} --out train.parquet`, then --data train.parquet")
     if index is not None and not (Path(index) / "manifest.json").is_file():
         problems.append(f"--index {index}: not a retriever index (no manifest.json; build one with `vrag-retriever index`)")
     if data is None and batch_size > len(task_facts()):
@@ -47,6 +50,12 @@ def check_settings(*, steps: int, batch_size: int, n: int, max_turns: int, respo
         problems.append(f"lr must be > 0, got {lr}")
     if problems:
         raise ValueError("vrag-rollout learn: " + "; ".join(problems))
+
+
+def _is_parquet(path: Path) -> bool:
+    """Whether the file starts with parquet's magic bytes (what convert-dataset writes)."""
+    with open(path, "rb") as file:
+        return file.read(4) == b"PAR1"
 
 
 DEFAULTS = dict(steps=40, batch_size=3, n=8, max_turns=3, response_length=256, temperature=1.0, lr=1e-3)
@@ -79,7 +88,7 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
     from ..engine import weights
     from ..rollout.agent import vLLMRolloutAgent
     from ..training.grpo import response_log_probs
-    from ..training.learn import episode_scores, learn, reward_summary
+    from ..training.learn import episode_scores, learn, no_signal, reward_summary
     from .demo import cache_dir, demo_config, demo_model, demo_page_band, demo_prompts, prepare_index
     from .learn_report import plot_rewards, summary_line
     from .learn_task import TASK_INSTRUCTIONS, TOOL_CALL_TASK_INSTRUCTIONS, task_questions, task_regex
@@ -129,6 +138,8 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
         def on_step(record: dict) -> None:
             bar.update(1)
             bar.set_postfix(reward=f"{record['reward_mean']:.2f}", gap=f"{record['logprob_gap_max']:.1e}")
+            if no_signal([record]):
+                bar.write(f"warning: step {record['step']}: {no_signal([record])}")
             bar.write(f"step {record['step']:>3}/{steps} reward {record['reward_mean']:.3f} "
                       f"(accuracy {record['reward_accuracy']:.2f}, retrieval {record['reward_retrieval']:.2f}) "
                       f"kl {record['kl_to_initial']:.4f} moved {record['policy_movement']:.1e} "
@@ -143,6 +154,8 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
         bar.close()
         summary = reward_summary(records)
         print(summary_line(summary))
+        if no_signal(records):
+            print(f"warning: the run learned nothing: {no_signal(records)}")
         task = "the find-the-page task" if data is None else Path(data).name
         plot_rewards(records, out_dir / PLOT_FILE,
                      title=f"GRPO on {task} ({Path(model_dir).name}, {action_format}, n={n}, lr={lr:g})")

@@ -51,8 +51,8 @@ class BaseRollout(ABC):
 def _logits_width(engine: Any, model_path: str) -> Optional[int]:
     """The engine's own vocabulary size (what vLLM checks a logit bias against), else the local
     checkpoint's (an engine in another process: verl's server)."""
-    model_config = getattr(getattr(engine, "llm_engine", None), "model_config", None)
-    return model_config.get_vocab_size() if model_config is not None else logits_width(model_path)
+    vocab_size = getattr(getattr(getattr(engine, "llm_engine", None), "model_config", None), "get_vocab_size", None)
+    return vocab_size() if vocab_size is not None else logits_width(model_path)
 
 
 class vLLMRollout(BaseRollout):

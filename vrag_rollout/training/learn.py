@@ -141,6 +141,18 @@ def check_record(record: dict, gap_tolerance: float = GAP_TOLERANCE) -> None:
                          "could not tell a missing weight sync from a done one. Raise the learning rate (--lr)")
 
 
+def no_signal(records: Sequence[Mapping[str, float]]) -> Optional[str]:
+    """Why none of `records`' steps could teach the policy anything, or None when one could: GRPO
+    learns from reward differences within a question's samples, and a step whose every group
+    earned one reward has advantages of 0 (`advantage_std` 0), so no gradient."""
+    if not records or any(record["advantage_std"] > 0 for record in records):
+        return None
+    steps = "no step" if len(records) > 1 else "the step"
+    return (f"{steps} had a reward difference between the samples of a question (advantage_std 0: every sample "
+            "of each question earned the same reward, so GRPO had nothing to learn from). Check the rewards "
+            "(reward_* in metrics.jsonl): all 0 usually means the answers or the documents do not match the data")
+
+
 def reward_summary(records: Sequence[Mapping[str, float]], window: Optional[int] = None) -> dict:
     """Mean reward over the first and the last `window` steps (a quarter of the run, at least one
     step, by default) and the gain between them: the curve in three numbers."""
@@ -192,5 +204,5 @@ def learn(prompts: Any, *, rollout: Callable[[Any], Any], sync: Callable[[Any], 
     return records
 
 
-__all__ = ["GAP_TOLERANCE", "MOVEMENT_FACTOR", "LearnError", "METRICS_FILE", "STEP_FIELDS", "check_record", "episode_scores",
+__all__ = ["GAP_TOLERANCE", "MOVEMENT_FACTOR", "LearnError", "no_signal", "METRICS_FILE", "STEP_FIELDS", "check_record", "episode_scores",
            "episode_texts", "learn", "pages_shown_mean", "reward_summary", "step_record", "turns_mean"]
