@@ -268,9 +268,11 @@ def logprob_gap(worker, batch, banned_ids, free_from: dict, tokenizer) -> dict:
     `free_from` maps a row to the first response position of its free turn. The rollout samples
     with the vision tokens banned (logit bias -100, as EasyR1's own rollout bans <|image_pad|>), so
     its logprobs are renormalised over the other tokens; the actor's are over the whole vocabulary.
-    The difference is log(1 - p(banned)), about 1e-2 on the tiny model's 813-token vocabulary
-    (~1e-6 or less on a real one). p(banned) is read from the actor itself: its log p of each
-    banned token at every position. Returns the raw and the renormalised gap (max, mean).
+    The difference is log(1 - p(banned)): the banned ids are the vision tokens and the padded
+    embedding rows past the tokenizer (about 280 of the tiny models' 151,936 rows, holding about
+    2e-3 of a random model's mass). p(banned) is read from the actor itself: its log p of each
+    banned token at every position, one actor pass per banned id (slow with the padded rows: a
+    few minutes a probe on the CPU). Returns the raw and the renormalised gap (max, mean).
     """
     import torch
     from verl.protocol import DataProto

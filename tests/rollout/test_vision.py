@@ -28,7 +28,8 @@ from vrag_rollout.core.vision import (
 )
 
 P = 28 * 28
-TINY_BAND = PixelBand(4 * P, 256 * P)  # the tiny model's own processor band
+TINY_BAND = PixelBand(4 * P, 256 * P)  # a small band (4 to 256 visual tokens)
+RELEASED_BAND = PixelBand(4 * P, 16384 * P)  # Qwen2-VL's released processor limits, the tiny model's too
 ROLLOUT_BAND = PixelBand(256 * P, 512 * P)  # VRAG's page band
 P3 = 32 * 32
 QWEN3_BAND = PixelBand(256 * P3, 512 * P3, patch_size=16)  # the same band in Qwen3-VL tokens
@@ -184,10 +185,10 @@ def test_band_from_processor(tiny_model_dir):
     from transformers import AutoProcessor
 
     proc = AutoProcessor.from_pretrained(tiny_model_dir)
-    assert PixelBand.from_processor(proc) == TINY_BAND
+    assert PixelBand.from_processor(proc) == RELEASED_BAND
     assert PixelBand.from_processor(proc.image_processor, 16 * P, 64 * P) == PixelBand(16 * P, 64 * P)
     with pytest.raises(ValueError, match="inside the image processor's own band"):
-        PixelBand.from_processor(proc, 256 * P, 512 * P)  # max above the tiny processor's 256*28*28
+        PixelBand.from_processor(proc, 256 * P, 32768 * P)  # max above the processor's 16384*28*28
     with pytest.raises(ValueError, match="inside"):
         PixelBand.from_processor(proc, min_pixels=P)
 

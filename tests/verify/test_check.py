@@ -108,6 +108,13 @@ def test_forward_under_a_grammar_says_so_instead_of_failing(grammar_rollout, cap
     assert verdict["forward"]["grammar"] is True
     assert verdict["forward"]["max_gap"] > 1e-2  # constrained logprobs really differ ...
     assert any("grammar" in note for note in verdict["notes"])  # ... and the report says why
+    assert out[-2].startswith("PASS (logprobs not compared to the forward pass: an action grammar")  # in the verdict
+
+
+def test_the_verdict_of_a_grammar_free_forward_check_is_plain(free_rollout, capsys):
+    code = cli_main(["check", str(free_rollout.path), "--model", str(free_rollout.model_dir), "--forward"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 0 and out[-2] == "PASS", "\n".join(out)
 
 
 def test_check_is_independent_of_the_code_it_checks(grammar_rollout, monkeypatch):

@@ -84,5 +84,9 @@ class Report:
                 + (" [action grammar active: constrained logprobs]" if f.get("grammar") else "")
             )
         verdict = "PASS" if self.ok else f"FAIL: {len(self.failures)} failures " + json.dumps(self.by_check())
+        if self.ok and self.forward is not None and self.forward.get("grammar"):
+            # the verdict itself says what was not proven, not only a note above it
+            verdict += (" (logprobs not compared to the forward pass: an action grammar constrained the "
+                        "sampling, so the rollout logprobs are the grammar's; roll out without one to compare)")
         lines.append(verdict)
         return "\n".join(lines)
