@@ -248,7 +248,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         return view_main(args.file, args.out, model_dir=args.model, truths=args.truths)
     if args.command == "convert-dataset":
-        from .data.dataset import convert_dataset_command
+        from .data.convert_command import convert_dataset_command
 
         if args.val_out is not None and not 0 < args.val_fraction < 1:
             parser.error(f"--val-fraction must be between 0 and 1, got {args.val_fraction}")
