@@ -17,7 +17,7 @@ from tests.rollout.agent_helpers import make_agent
 from tests.rollout.test_dataset import question as vidoseek_question
 from tests.rollout.test_sources import longbench, longdoc, mmdocir_doc, mmdocir_q, slide_qa, write_jsonl
 from vrag_rollout.core.reward import score_response
-from vrag_rollout.data import dataset
+from vrag_rollout.data import dataset, questions
 from vrag_rollout.data.prompts import build_prompts
 from vrag_rollout.retrieval.client import RetrieverClient
 from vrag_rollout.retrieval.fixtures import FixtureTransport
@@ -73,7 +73,7 @@ def test_a_converted_set_rolls_out_and_checks(layout, tmp_path, sample_index, ti
     report = dataset.convert_dataset(written_in(layout, tmp_path), out, index_dir=sample_index, source_format=layout)
     assert report.written == FACTS and not report.missing_documents and not report.pages_out_of_range, report
     assert all(count > 0 for count in pq.read_table(out).to_pydict()["page_count"])  # from the index
-    samples, truths = dataset.read_questions(out)
+    samples, truths = questions.read_questions(out)
     assert [(t["doc_id"], t["gold_pages"]) for t in truths] == [(doc, [page]) for _, doc, page in facts()]
 
     client = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from retriever_server.manifest import DocEntry, Manifest, PageEntry, image_name, write_manifest
-from vrag_rollout.data import dataset
+from vrag_rollout.data import dataset, questions
 from vrag_rollout.cli import main as cli_main
 from vrag_rollout.data.prompts import AGENT_INSTRUCTIONS
 from vrag_rollout.core.reward import score_response
@@ -153,7 +153,7 @@ def test_read_questions_gives_back_what_was_converted(tmp_path, action_format):
                                               question("q2", "b.pdf", [2], "How much?", "12%"),
                                               question("q3")])
     dataset.convert_dataset(src, tmp_path / "train.parquet", action_format=action_format)
-    samples, truths = dataset.read_questions(tmp_path / "train.parquet", limit=2)
+    samples, truths = questions.read_questions(tmp_path / "train.parquet", limit=2)
     instructions = TOOL_CALL_INSTRUCTIONS if action_format == "tool_call" else AGENT_INSTRUCTIONS
     assert [(s.question, s.doc_id, s.instructions) for s in samples] == [
         ("Who?\nQuestion: really?", "report", instructions), ("How much?", "b", instructions)]
@@ -166,10 +166,10 @@ def test_read_questions_refuses_a_file_that_is_not_a_converted_dataset(tmp_path)
 
     pq.write_table(pa.table({"question": ["x"]}), tmp_path / "other.parquet")
     with pytest.raises(dataset.DatasetError, match="field 'answer,doc_id,prompt': no such column"):
-        dataset.read_questions(tmp_path / "other.parquet")
+        questions.read_questions(tmp_path / "other.parquet")
     pq.write_table(pa.table({"prompt": ["p\nQuestion: q"], "answer": ["{oops"], "doc_id": ["d"]}), tmp_path / "bad.parquet")
     with pytest.raises(dataset.DatasetError, match="row 1: field 'answer': not JSON"):
-        dataset.read_questions(tmp_path / "bad.parquet")
+        questions.read_questions(tmp_path / "bad.parquet")
 
 
 # --- issue 24, item 10: what a new user hits first

@@ -83,7 +83,7 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
     from tqdm import tqdm
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from ..data.dataset import read_questions
+    from ..data.questions import read_questions
     from ..engine.llm import configure_cpu_defaults
     from ..engine import weights
     from ..rollout.agent import vLLMRolloutAgent
@@ -138,8 +138,8 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
         def on_step(record: dict) -> None:
             bar.update(1)
             bar.set_postfix(reward=f"{record['reward_mean']:.2f}", gap=f"{record['logprob_gap_max']:.1e}")
-            if no_signal([record]):
-                bar.write(f"warning: step {record['step']}: {no_signal([record])}")
+            if (why := no_signal([record])) is not None:
+                bar.write(f"warning: step {record['step']}: {why}")
             bar.write(f"step {record['step']:>3}/{steps} reward {record['reward_mean']:.3f} "
                       f"(accuracy {record['reward_accuracy']:.2f}, retrieval {record['reward_retrieval']:.2f}) "
                       f"kl {record['kl_to_initial']:.4f} moved {record['policy_movement']:.1e} "
@@ -154,8 +154,8 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
         bar.close()
         summary = reward_summary(records)
         print(summary_line(summary))
-        if no_signal(records):
-            print(f"warning: the run learned nothing: {no_signal(records)}")
+        if (why := no_signal(records)) is not None:
+            print(f"warning: the run learned nothing: {why}")
         task = "the find-the-page task" if data is None else Path(data).name
         plot_rewards(records, out_dir / PLOT_FILE,
                      title=f"GRPO on {task} ({Path(model_dir).name}, {action_format}, n={n}, lr={lr:g})")

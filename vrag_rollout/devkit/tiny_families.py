@@ -157,10 +157,6 @@ class TinyFamily:
     def factor(self) -> int:
         return self.patch_size * 2
 
-    @property
-    def added_tokens(self) -> tuple[str, ...]:
-        return tuple(token for token, _ in self.shape.added_tokens)
-
     def pixel_band(self) -> dict:
         """The released processor's pixel limits."""
         return {"shortest_edge": self.shape.min_pixels, "longest_edge": self.shape.max_pixels}
