@@ -138,9 +138,9 @@ def make_agent_class(think_lengths=THINK_LENGTHS):
     from vllm.sampling_params import StructuredOutputsParams
 
     from vrag_rollout import vLLMRolloutAgent
-    from vrag_rollout.devkit.demo import DEMO_MAX_PAGE, _regex_literal
+    from vrag_rollout.devkit.demo import DEMO_MAX_PAGE, one_of
 
-    queries = "|".join(_regex_literal(q) for q in sorted(SAMPLE_FACTS))
+    queries = one_of(sorted(SAMPLE_FACTS))
     tool = rf"(<search>({queries})</search>|<fetch>(image|text), [1-{DEMO_MAX_PAGE}]</fetch>)"
 
     class PlannedAgent(vLLMRolloutAgent):

@@ -185,9 +185,9 @@ def workload(think_lengths, max_turns: int):
     """(sample, turn) -> the turn's regex: bench_schedules' plan in the native tool-call format."""
     from bench_schedules import planned_turns
     from retriever_server.sample_corpus import SAMPLE_FACTS
-    from vrag_rollout.devkit.demo import DEMO_MAX_PAGE, _regex_literal
+    from vrag_rollout.devkit.demo import DEMO_MAX_PAGE, one_of
 
-    queries = "|".join(_regex_literal(q) for q in sorted(SAMPLE_FACTS))
+    queries = one_of(sorted(SAMPLE_FACTS))
     search = r'<tool_call>\n\{"name": "search", "arguments": \{"query": "(' + queries + r')"\}\}\n</tool_call>'
     fetch = (r'<tool_call>\n\{"name": "fetch", "arguments": \{"page": [1-' + str(DEMO_MAX_PAGE)
              + r'\], "mode": "(image|text)"\}\}\n</tool_call>').replace(r"\]", "]")

@@ -481,10 +481,10 @@ def main() -> int:
         ] + ([f"worker.actor.optim.lr={args.lr}", "algorithm.disable_kl=true", "algorithm.use_kl_loss=false"]
              if args.steps else []))
         from retriever_server.sample_corpus import SAMPLE_FACTS
-        from vrag_rollout.devkit.demo import DEMO_MAX_PAGE, action_regex, tool_call_regex
+        from vrag_rollout.devkit.demo import DEMO_MAX_PAGE, action_regex, one_of, tool_call_regex
 
         regex = tool_call_regex if native else action_regex
-        config.worker.rollout.action_regex = regex(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE)
+        config.worker.rollout.action_regex = regex(one_of(sorted(SAMPLE_FACTS)), DEMO_MAX_PAGE)
         # What the Ray workers of a real job get from make_runtime_env: for tool_call, the
         # variable that makes the patched RLHFDataset render prompts with the tool schemas.
         job_env = glue.make_runtime_env(config)["env_vars"]

@@ -71,6 +71,14 @@ NOT_RUN = {
     "scripts/train_easyr1.sh my_index examples/easyr1_vrag.yaml     # retriever on my_index, "
     "then the trainer":
         "EasyR1, a GPU, a real checkpoint and your index (docs/easyr1.md)",
+    ".venv/bin/vrag-retriever index my_pdfs/ --out my_index":
+        "your own PDFs; tests/rollout/test_rollout_job.py runs these three steps on documents and "
+        "questions it writes",
+    ".venv/bin/vrag-rollout convert-dataset my_questions.json --out my_questions.parquet --index my_index":
+        "your own questions; tests/rollout/test_rollout_job.py converts questions it writes",
+    ".venv/bin/vrag-rollout rollout --data my_questions.parquet --index my_index --out artifacts/mine.pt":
+        "your own questions and index; tests/rollout/test_rollout_job.py runs rollout on its own "
+        "documents and questions, and `check` passes the batch",
     ".venv/bin/vrag-rollout learn --out DIR [--steps 40 --batch-size 3 --n 8 --lr 1e-3 --seed 0]":
         "a synopsis of learn's options with their defaults in [brackets] "
         "(test_learn_synopsis_shows_the_defaults)",

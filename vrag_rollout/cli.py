@@ -20,6 +20,14 @@ class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
         return action.help if action.default is None else super()._get_help_string(action)
 
 
+PREFLIGHT_HELP = ("before the engine starts, check that the retriever answers and holds the questions' documents: "
+                  "fail stops with one line, warn prints it and goes on, off skips the check")
+
+
+def _retriever_preflight(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--retriever-preflight", choices=("fail", "warn", "off"), default="fail", help=PREFLIGHT_HELP)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every subcommand and option (parsing only: nothing heavy is imported here)."""
     parser = argparse.ArgumentParser(prog="vrag-rollout", description=__doc__)
@@ -49,6 +57,42 @@ def build_parser() -> argparse.ArgumentParser:
                       help="run on this local checkpoint of a supported family instead of a tiny model")
     demo.add_argument("--region-action", action="store_true",
                       help="let episodes look closer at a region of the last page shown (<bbox>, the crop tool)")
+    _retriever_preflight(demo)
+
+    rollout = subcommand(
+        "rollout", help="run the agent on your own questions (a convert-dataset parquet) against your index or "
+                        "retriever, with the model you name; saves a batch that check and view read",
+    )
+    rollout.add_argument("--data", type=Path, required=True,
+                         help="your questions: a parquet from convert-dataset (either --layout)")
+    rollout.add_argument("--index", type=Path, default=None,
+                         help="a retriever index of your documents (vrag-retriever index), served for the run")
+    rollout.add_argument("--retriever-url", default=None, help="a running retriever instead (vrag-retriever serve)")
+    rollout.add_argument("--fixtures", type=Path, default=None, help="replay recorded retriever traffic from this file")
+    rollout.add_argument("--model", default=None, help="a local checkpoint of a supported family")
+    rollout.add_argument("--family", choices=FAMILY_NAMES, default=None,
+                         help="without --model: the family of the tiny random model to build and run "
+                              "(default qwen2-vl)")
+    rollout.add_argument("--out", type=Path, default=Path("artifacts/rollout.pt"),
+                         help="where to save the batch (docs/saved-batch.md); the HTML view goes beside it")
+    rollout.add_argument("--batch-size", type=int, default=8, help="number of questions: the file's first rows")
+    rollout.add_argument("--n", type=int, default=1, help="samples per question")
+    rollout.add_argument("--max-turns", type=int, default=4, help="generation turns per episode")
+    rollout.add_argument("--response-length", type=int, default=1024,
+                         help="token budget of an episode's response (sampled text and observations)")
+    rollout.add_argument("--prompt-length", type=int, default=None,
+                         help="token budget of a prompt (default 1024; 1536 in the tool_call format)")
+    rollout.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0: greedy)")
+    rollout.add_argument("--seed", type=int, default=0, help="base of the per-sample sampling seeds")
+    rollout.add_argument("--action-format", choices=["tags", "tool_call"], default=None,
+                         help="default: the one the questions' instructions were written for (convert-dataset "
+                              "--action-format), else tags")
+    rollout.add_argument("--region-action", action="store_true", default=None,
+                         help="let episodes look closer at a region of a page (default: as the questions were written)")
+    rollout.add_argument("--grammar", action=argparse.BooleanOptionalAction, default=None,
+                         help="confine every turn to a well-formed action (the first searches or fetches); what "
+                              "makes a tiny random model act (default: on without --model, off with it)")
+    _retriever_preflight(rollout)
 
     learn = subcommand(
         "learn", help="GRPO on CPU with a tiny model: roll out, score, update the HF model, sync it into the engine, "
@@ -78,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "(the first --batch-size rows; no action grammar: the model writes its own actions)")
     learn.add_argument("--index", type=Path, default=None,
                        help="serve this retriever index (vrag-retriever index) instead of the sample corpus's")
+    _retriever_preflight(learn)
 
     record = subcommand(
         "record-fixtures", help="record every retriever call the demo (or, with --data, a converted dataset) can "
@@ -172,13 +217,38 @@ def subcommand_parser(parser: argparse.ArgumentParser, name: str) -> argparse.Ar
     return commands.choices[name]
 
 
+ENGINE_COMMANDS = ("demo", "rollout", "learn")
+
+
+def quiet_cpu_start() -> None:
+    """On a machine without a GPU, keep torch's C++ log to errors (a user's own setting wins):
+    vLLM's CPU worker prints a NUMA-binding notice through it at start, straight to stderr and
+    before any Python logger could filter it. Set before torch is imported, which reads it once."""
+    import glob
+
+    if not glob.glob("/dev/nvidia[0-9]*"):
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     top = build_parser()
     args = top.parse_args(argv)
     parser = subcommand_parser(top, args.command)
     # vLLM's CPU worker logs a warning on every generate call; keep the demo's output readable.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    if args.command in ("demo", "learn") and args.model is not None:
+    if args.command in ENGINE_COMMANDS:
+        quiet_cpu_start()
+    from .devkit.job_checks import JobInputError
+
+    try:
+        return _run(args, parser)
+    except JobInputError as error:  # an expected user error: one line, no traceback
+        print(f"vrag-rollout {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.command in ("demo", "learn", "rollout") and args.model is not None:
         from .devkit.demo import demo_model
 
         try:  # a usage error, not a traceback, for a model directory that cannot be run
@@ -186,58 +256,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except (FileNotFoundError, ValueError) as error:
             parser.error(f"{args.command}: {error}")
     if args.command == "demo":
-        from .devkit.demo import run_demo
+        return _demo(args)
+    if args.command == "rollout":
+        from .devkit.rollout_job import run_rollout
 
-        run_demo(
-            args.out,
-            family=args.family,
-            model=args.model,
-            batch_size=args.batch_size,
-            retriever_url=args.retriever_url,
-            fixtures=args.fixtures,
-            n=args.n,
-            max_turns=args.max_turns,
-            response_length=args.response_length,
-            seed=args.seed,
-            rollout_mode=args.rollout_mode,
-            action_format=args.action_format,
-            region_action=args.region_action,
-        )
+        run_rollout(args.out, data=args.data, index=args.index, retriever_url=args.retriever_url,
+                    fixtures=args.fixtures, model=args.model, family=args.family, batch_size=args.batch_size,
+                    n=args.n, max_turns=args.max_turns, response_length=args.response_length,
+                    temperature=args.temperature, seed=args.seed, action_format=args.action_format,
+                    region_action=args.region_action, grammar=args.grammar, prompt_length=args.prompt_length,
+                    retriever_preflight=args.retriever_preflight)
         return 0
     if args.command == "learn":
-        from .devkit.learn_job import check_settings, run_learn
-
-        settings = dict(steps=args.steps, batch_size=args.batch_size, n=args.n, max_turns=args.max_turns,
-                        response_length=args.response_length, temperature=args.temperature, lr=args.lr)
-        sources = dict(data=args.data, index=args.index)
-        try:
-            check_settings(**settings, **sources)
-        except ValueError as error:
-            parser.error(str(error))
-        run_learn(args.out, **settings, seed=args.seed, family=args.family, model=args.model,
-                  retriever_url=args.retriever_url, fixtures=args.fixtures, action_format=args.action_format,
-                  **sources)
-        return 0
+        return _learn(args, parser)
     if args.command == "record-fixtures":
-        if args.data is not None:
-            if args.index is None and args.retriever_url is None:
-                parser.error("record-fixtures --data needs --index (served for the recording) or --retriever-url")
-            from .data.fixture_calls import record_dataset_command
-
-            return record_dataset_command(args.data, args.out, queries=args.queries, retriever_url=args.retriever_url,
-                                          index_dir=args.index, top_n=args.top_n)
-        given = [flag for flag, value in (("--index", args.index), ("--queries", args.queries),
-                                          ("--top-n", args.top_n)) if value is not None]
-        if given:
-            parser.error(f"record-fixtures {' '.join(given)}: only with --data (the demo's calls are fixed)")
-        from .devkit.demo import record_demo_fixtures
-
-        print(record_demo_fixtures(args.out, args.retriever_url))
-        return 0
+        return _record_fixtures(args, parser)
     if args.command == "build-tiny-model":
         from .devkit.tiny_model import build_tiny_model, default_model_dir
+        from .devkit.job_checks import JobInputError
 
-        print(build_tiny_model(args.out_dir or default_model_dir(args.family), args.family))
+        try:
+            print(build_tiny_model(args.out_dir or default_model_dir(args.family), args.family))
+        except OSError as error:  # a directory that cannot be written
+            raise JobInputError(f"{args.out_dir}: cannot build the model there ({error.strerror or error})") from error
         return 0
     if args.command == "check":
         from .verify.check import main as check_main
@@ -260,6 +301,80 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                        source_format=args.source_format, documents_path=args.documents,
                                        region_action=args.region_action)
     return 2
+
+
+DEMO_HINT = ("the demo asks the sample corpus's questions; for your own documents and questions run "
+             "`vrag-rollout rollout --data QUESTIONS.parquet --retriever-url URL` (or --index DIR)")
+
+RECORD_HINT = ("without --data, record-fixtures records every call the demo can make on the sample corpus; for "
+               "your own documents pass --data QUESTIONS.parquet")
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .devkit.demo import demo_questions, run_demo
+    from .devkit.job_checks import RetrieverSource, check_retriever
+
+    if args.retriever_url is not None or args.fixtures is not None:  # the embedded one is the demo's own
+        source = RetrieverSource(url=args.retriever_url, fixtures=args.fixtures)
+        docs = [sample.doc_id for sample in demo_questions()[:args.batch_size]]
+        check_retriever(source, docs, mode=args.retriever_preflight, hint=DEMO_HINT)
+    run_demo(args.out, family=args.family, model=args.model, batch_size=args.batch_size,
+             retriever_url=args.retriever_url, fixtures=args.fixtures, n=args.n, max_turns=args.max_turns,
+             response_length=args.response_length, seed=args.seed, rollout_mode=args.rollout_mode,
+             action_format=args.action_format, region_action=args.region_action,
+             retriever_preflight=args.retriever_preflight)
+    return 0
+
+
+def _learn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .devkit.job_checks import RetrieverSource, check_retriever
+    from .devkit.learn_job import check_settings, learn_questions, run_learn
+
+    settings = dict(steps=args.steps, batch_size=args.batch_size, n=args.n, max_turns=args.max_turns,
+                    response_length=args.response_length, temperature=args.temperature, lr=args.lr)
+    sources = dict(data=args.data, index=args.index)
+    try:
+        check_settings(**settings, **sources)
+    except ValueError as error:
+        parser.error(str(error))
+    samples, _truths, page_counts = learn_questions(args.data, args.batch_size, args.action_format)
+    embedded = args.retriever_url is None and args.fixtures is None
+    index = args.index
+    if embedded and index is None:
+        from .devkit.demo import cache_dir, prepare_index
+
+        index = prepare_index(cache_dir())
+    source = RetrieverSource(index=index if embedded else None, url=args.retriever_url, fixtures=args.fixtures)
+    hint = ("without --index, learn serves the sample corpus's index: pass the index of your documents"
+            if embedded and args.index is None and args.data is not None else "")
+    check_retriever(source, [sample.doc_id for sample in samples], page_counts, args.retriever_preflight, hint)
+    run_learn(args.out, **settings, seed=args.seed, family=args.family, model=args.model,
+              retriever_url=args.retriever_url, fixtures=args.fixtures, action_format=args.action_format,
+              retriever_preflight=args.retriever_preflight, **sources)
+    return 0
+
+
+def _record_fixtures(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.data is not None:
+        if args.index is None and args.retriever_url is None:
+            parser.error("record-fixtures --data needs --index (served for the recording) or --retriever-url")
+        from .data.fixture_calls import record_dataset_command
+
+        return record_dataset_command(args.data, args.out, queries=args.queries, retriever_url=args.retriever_url,
+                                      index_dir=args.index, top_n=args.top_n)
+    given = [flag for flag, value in (("--index", args.index), ("--queries", args.queries),
+                                      ("--top-n", args.top_n)) if value is not None]
+    if given:
+        parser.error(f"record-fixtures {' '.join(given)}: only with --data (the demo's calls are fixed)")
+    from .devkit.demo import demo_questions, record_demo_fixtures
+    from .devkit.job_checks import JobInputError, RetrieverSource, retriever_problem
+
+    if args.retriever_url is not None:  # every demo document is recorded: the server must hold them all
+        docs = [sample.doc_id for sample in demo_questions()]
+        if (problem := retriever_problem(RetrieverSource(url=args.retriever_url), docs, hint=RECORD_HINT)) is not None:
+            raise JobInputError(problem)
+    print(record_demo_fixtures(args.out, args.retriever_url))
+    return 0
 
 
 if __name__ == "__main__":

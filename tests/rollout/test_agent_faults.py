@@ -63,6 +63,8 @@ def test_retriever_down_gives_error_observations(tiny_model_dir, tiny_processor,
         calls = output.non_tensor_batch["num_searches"][row] + output.non_tensor_batch["num_fetches"][row]
         text = responses_text(output, tiny_processor.tokenizer, row)
         assert text.count("<result>error:") == calls
+        assert output.non_tensor_batch["retriever_errors"][row] == calls  # each sample's failed calls
+        assert output.non_tensor_batch["bad_requests"][row] == 0
     assert_images_whole(output, tiny_processor)
 
 

@@ -62,22 +62,35 @@ def test_the_region_demo_looks_closer_and_prints_its_crops(tmp_path, tiny_model_
 
     printed = capsys.readouterr().out.splitlines()
     header = next(i for i, line in enumerate(printed) if line.split()[:2] == ["#", "doc"])
-    assert printed[header].split()[:8] == ["#", "doc", "end", "turns", "srch", "ftch", "crop", "resp"]
+    assert printed[header].split()[:9] == ["#", "doc", "end", "turns", "srch", "ftch", "fail", "crop", "resp"]
     for row, line in enumerate(printed[header + 1: header + 1 + len(output)]):
-        assert int(line.split()[6]) == crops[row], line
+        assert int(line.split()[7]) == crops[row], line
         assert (" crops [" in line) == (crops[row] > 0), line
     assert f"crops={sum(crops):.2f}" in printed[header + 1 + len(output)]
 
 
 def test_without_the_region_action_the_summary_has_no_crop_column(capsys):
-    from vrag_rollout.devkit.demo import print_summary
+    from vrag_rollout.devkit.episode_table import print_summary
 
     print_summary(_one_row_output())
     header, row, _ = capsys.readouterr().out.splitlines()
     assert "crop" not in header and "crops" not in row
 
 
-def _one_row_output():
+def test_the_summary_counts_each_samples_failed_calls(capsys):
+    """Issue 33, item 9: a fetch of a page past the document's end (a refused request) and a
+    retriever fault are that sample's failed calls, shown in its `fail` column."""
+    from vrag_rollout.devkit.episode_table import print_summary
+
+    output = _one_row_output(retriever_errors=1, bad_requests=1)
+    output.meta_info["metrics"] = {"rollout/retriever_errors": 1.0, "rollout/bad_requests": 1.0}
+    print_summary(output)
+    header, row, metrics = capsys.readouterr().out.splitlines()
+    assert header.split()[4:7] == ["srch", "ftch", "fail"] and row.split()[4:7] == ["1", "0", "2"]
+    assert "retriever_errors=1.00" in metrics and "bad_requests=1.00" in metrics
+
+
+def _one_row_output(retriever_errors: int = 0, bad_requests: int = 0):
     import numpy as np
     import torch
 
@@ -88,5 +101,6 @@ def _one_row_output():
         non_tensors={"doc_id": np.array(["d"], dtype=object), "termination_reason": np.array(["answered"], dtype=object),
                      "num_turns": np.array([2]), "num_searches": np.array([1]), "num_fetches": np.array([0]),
                      "num_crops": np.array([0]), "page_ids": object_array([[["d_1"]]]),
+                     "retriever_errors": np.array([retriever_errors]), "bad_requests": np.array([bad_requests]),
                      "image_regions": object_array([[None]])},
         meta_info={"metrics": {}})

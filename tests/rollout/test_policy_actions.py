@@ -48,19 +48,31 @@ def test_policy_written_actions(case, tiny_model_dir, tiny_processor, tiny_llm):
     assert metrics["rollout/retriever_errors"] == 0
 
 
-def test_a_page_the_document_lacks_is_the_policys_mistake(tiny_model_dir, tiny_processor, tiny_llm):
+PAGE_SIX = {"tags": r"<fetch>image, 6</fetch>",
+            "tool_call": r'<tool_call>\n\{"name": "fetch", "arguments": \{"page": 6, "mode": "image"\}\}\n</tool_call>'}
+
+
+@pytest.mark.parametrize("action_format", sorted(PAGE_SIX))
+def test_a_page_the_document_lacks_is_the_policys_mistake(action_format, tiny_model_dir, tiny_processor, tiny_llm):
     """The server refuses page 6 of a 4-page document with a request error code: the sample sees
-    the reason, and it is counted as a bad request, not as a retriever failure."""
+    the reason, and it is counted as a bad request, not as a retriever failure; the fetch counts
+    as a fetch made, in both formats, and as the sample's own failed call (issue 33 item 9)."""
+    from vrag_rollout.devkit.demo import demo_prompts
+
     client = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))
     agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=1, max_turns=2,
-                       action_regex=r"<fetch>image, 6</fetch>")
+                       action_format=action_format, prompt_length=1024, action_regex=PAGE_SIX[action_format])
     samples = [s for s in sample_prompts(6, with_images=False) if s.doc_id == "annual_report"]
-    output = agent.generate_sequences(prompt_batch(tiny_processor, samples, agent))
+    output = agent.generate_sequences(demo_prompts(tiny_processor.tokenizer, tiny_processor, samples, agent.config))
     metrics = output.meta_info["metrics"]
     assert metrics["rollout/bad_requests"] == len(samples) > 0
     assert metrics["rollout/retriever_errors"] == 0 and metrics["retriever/failures/request"] == len(samples)
     text = tiny_processor.tokenizer.decode(output.batch["responses"][0][output.batch["response_mask"][0].bool()].tolist())
     assert "error: page 6 is out of range; document 'annual_report' has pages 1..4" in text
+    columns = output.non_tensor_batch
+    assert list(columns["bad_requests"]) == [1] * len(samples)  # each sample's own
+    assert list(columns["retriever_errors"]) == [0] * len(samples)
+    assert list(columns["num_fetches"]) == [1] * len(samples)  # made, though refused
 
 
 NATIVE_CASES = {

@@ -115,7 +115,7 @@ def test_not_a_batch_is_a_clear_error(tmp_path, capsys):
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"nope")
     assert cli_main(["view", str(junk), "-o", str(tmp_path / "out.html")]) == 2
-    assert "not a saved rollout batch" in capsys.readouterr().out
+    assert "not a saved rollout batch" in capsys.readouterr().err
     assert not (tmp_path / "out.html").exists()
 
 

@@ -263,10 +263,10 @@ def test_a_bad_truths_file_is_a_clear_error(grammar_rollout, tmp_path, capsys):
     bad = tmp_path / "truths.json"
     bad.write_text("[1, 2]")
     assert cli_main(["view", str(grammar_rollout.path), "-o", str(tmp_path / "o.html"), "--truths", str(bad)]) == 2
-    assert "expected a JSON object" in capsys.readouterr().out
+    assert "expected a JSON object" in capsys.readouterr().err
     assert cli_main(["view", str(grammar_rollout.path), "-o", str(tmp_path / "o.html"),
                      "--truths", str(tmp_path / "missing.json")]) == 2
-    assert "no such truths file" in capsys.readouterr().out
+    assert "no such truths file" in capsys.readouterr().err
     assert not (tmp_path / "o.html").exists()
 
 

@@ -152,4 +152,8 @@ def episode_columns(
         "num_searches": np.array([ep.searches for ep in episodes], dtype=np.int64),
         "num_fetches": np.array([ep.fetches for ep in episodes], dtype=np.int64),
         "num_crops": np.array([ep.crops for ep in episodes], dtype=np.int64),
+        # per sample, its tool calls answered with an error: the retriever's faults, and the
+        # requests it refused as the policy's mistake (a page the document does not have)
+        "retriever_errors": np.array([ep.retriever_errors for ep in episodes], dtype=np.int64),
+        "bad_requests": np.array([ep.bad_requests for ep in episodes], dtype=np.int64),
     }

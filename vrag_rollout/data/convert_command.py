@@ -86,7 +86,7 @@ def _print_index_report(report: ConversionReport) -> None:
     for item in report.pages_out_of_range:
         past = [page for page in item["pages"] if page > item["num_pages"]]
         print(f"  dropped: {item['where']}: question {item['question_id']}: gold page(s) {past} past the end "
-              f"of {item['doc_id']!r} ({item['num_pages']} pages)")
+              f"of {item['doc_id']!r} ({_count(item['num_pages'], 'page')})")
     for item in report.missing_pages:
         print(f"  dropped: {item['where']}: question {item['question_id']}: gold page(s) {item['pages']} not "
               f"among the images of {item['doc_id']!r} (it lacks {_shown(item['lacking'])})")

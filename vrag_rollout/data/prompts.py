@@ -16,11 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-import numpy as np
-import torch
-
-from ..core.positions import rope_positions
-from ..protocol import DataProto, object_array
+# torch, numpy and the batch type load when a batch is built: the instructions and `PromptSample`
+# stay cheap to import for the commands' checks before any model loads.
 
 AGENT_INSTRUCTIONS = (
     "Answer the question about the document using its pages. "
@@ -78,11 +75,19 @@ def build_prompt_batch(
     *,
     doc_id_key: str = "doc_id",
     position_rows: int = 4,
-    proto_cls: type = DataProto,
+    proto_cls: Optional[type] = None,
     meta_info: Optional[dict] = None,
     tools: Optional[Sequence[dict]] = None,
     chat_template: Optional[str] = None,
 ) -> Any:
+    """The prompt batch (module docstring) as `proto_cls` (default: the project's `DataProto`)."""
+    import numpy as np
+    import torch
+
+    from ..core.positions import rope_positions
+    from ..protocol import DataProto, object_array
+
+    proto_cls = proto_cls or DataProto
     vocab = tokenizer.get_vocab()
     image_pad = vocab["<|image_pad|>"]
     image_processor = processor.image_processor
@@ -124,7 +129,7 @@ def build_prompt_batch(
     return proto_cls.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta)
 
 
-def build_prompts(samples: Sequence[PromptSample], *, tokenizer: Any, processor: Any, config: Any) -> DataProto:
+def build_prompts(samples: Sequence[PromptSample], *, tokenizer: Any, processor: Any, config: Any) -> Any:
     """The prompt batch of `samples` for `config` (an `AgentRolloutConfig`; see the module docstring).
 
     A sample that keeps the default instructions (`AGENT_INSTRUCTIONS`, the tags format's) is

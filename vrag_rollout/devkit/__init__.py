@@ -1,6 +1,10 @@
-"""Developer kits: the demo and the tiny offline models of each family.
+"""Developer kits: the command-line jobs (demo, rollout on your own data, learn) and the tiny
+offline models of each family.
 
 - `demo`: the main job: a real rollout of a tiny model against the embedded retriever.
+- `rollout_job`: `vrag-rollout rollout`: the agent on a user's own converted questions and index.
+- `job_checks`: what those jobs check before any engine starts (retriever, documents, files).
+- `episode_table`: the one-line-per-sample table the rollout jobs print.
 - `learn_job`: `vrag-rollout learn`: the closed GRPO loop wired to the engine, retriever and tiny model.
 - `learn_task`: the task it learns by default (find the page): questions, ground truths, action grammar.
 - `learn_report`: the reward plot and the one-line summary of a run.

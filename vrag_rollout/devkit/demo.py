@@ -18,10 +18,10 @@ from ..config import AgentRolloutConfig
 from ..data.prompts import PromptSample, build_prompts
 
 # The tiny model is random: a grammar makes vLLM's own sampling write well-formed actions.
-# Queries come from a closed list so recorded retriever fixtures cover every possible call.
-_SEARCH = r"<search>({queries})</search>"
-_FETCH = r"|<fetch>(image|text), [1-{max_page}]</fetch>"
-_ANSWER = r"<answer>[a-z0-9 ]{{1,12}}</answer>"
+# The demo's queries come from a closed list so recorded retriever fixtures cover every call;
+# `rollout` on a user's own documents lets the model search any short query (`FREE_QUERY`).
+_ANSWER = r"<answer>[a-z0-9 ]{1,12}</answer>"
+FREE_QUERY = "[a-z ]{3,24}"
 
 
 DEMO_TOP_N = 2
@@ -36,30 +36,49 @@ def _regex_literal(text: str) -> str:
     return "".join("\\" + c if c in "\\.^$*+?{}[]|()" else c for c in text)
 
 
+def one_of(texts: list[str]) -> str:
+    """A pattern matching exactly one of `texts`."""
+    return "|".join(_regex_literal(text) for text in texts)
+
+
+def page_numbers(max_page: int) -> str:
+    """A pattern matching the page numbers 1..max_page."""
+    if max_page < 1:
+        raise ValueError(f"max_page must be >= 1, got {max_page}")
+    return f"[1-{max_page}]" if max_page <= 9 else "(" + "|".join(str(n) for n in range(1, max_page + 1)) + ")"
+
+
 def _boxes() -> str:
-    return "|".join(_regex_literal(str(list(box))) for box in DEMO_BOXES)
+    return one_of([str(list(box)) for box in DEMO_BOXES])
 
 
-def action_regex(queries: list[str], max_page: int, answer: bool = True, fetch: bool = True) -> str:
-    """The tags format's turn: a thought, then a search, (with `fetch`) a fetch, or (with
-    `answer`) an answer."""
-    alternatives = "|".join(_regex_literal(q) for q in queries)
-    actions = (_SEARCH + (_FETCH if fetch else "")).format(queries=alternatives, max_page=max_page)
-    actions += "|" + _ANSWER.format() if answer else ""
+def action_regex(query: str, max_page: int, answer: bool = True, fetch: bool = True) -> str:
+    """The tags format's turn: a thought, then a search (its query matching the pattern `query`),
+    (with `fetch`) a fetch of a page up to `max_page`, or (with `answer`) an answer."""
+    actions = f"<search>({query})</search>"
+    actions += f"|<fetch>(image|text), {page_numbers(max_page)}</fetch>" if fetch else ""
+    actions += "|" + _ANSWER if answer else ""
     return r"<think>[a-z ]{3,16}</think>(" + actions + ")"
 
 
-def tool_call_regex(queries: list[str], max_page: int, answer: bool = True, fetch: bool = True) -> str:
+def tool_call_regex(query: str, max_page: int, answer: bool = True, fetch: bool = True) -> str:
     """The native format's turn: a thought, then one or two tool calls as the chat template
     writes them (search; with `fetch`, fetch), or (with `answer`) an answer; the grammar's end
     leaves only the end-of-turn token."""
-    alternatives = "|".join(_regex_literal(q) for q in queries)
-    search = r'<tool_call>\n\{"name": "search", "arguments": \{"query": "(' + alternatives + r')"\}\}\n</tool_call>'
-    fetch_call = (r'<tool_call>\n\{"name": "fetch", "arguments": \{"page": [1-' + str(max_page)
-                  + r'], "mode": "(image|text)"\}\}\n</tool_call>')
+    search = r'<tool_call>\n\{"name": "search", "arguments": \{"query": "(' + query + r')"\}\}\n</tool_call>'
+    fetch_call = (r'<tool_call>\n\{"name": "fetch", "arguments": \{"page": ' + page_numbers(max_page)
+                  + r', "mode": "(image|text)"\}\}\n</tool_call>')
     call = f"({search}{'|' + fetch_call if fetch else ''})"
-    answer_branch = "|" + _ANSWER.format() if answer else ""
+    answer_branch = "|" + _ANSWER if answer else ""
     return rf"<think>[a-z ]{{3,16}}</think>(\n{call}(\n{call})?{answer_branch})"
+
+
+def acting_grammar(action_format: str, query: str, max_page: int) -> dict:
+    """The config fields that make a random model act: a first turn that must search or fetch
+    (so every episode retrieves), and later turns that search, fetch or answer."""
+    grammar = tool_call_regex if action_format == "tool_call" else action_regex
+    return {"first_turn_action_regex": grammar(query, max_page, answer=False),
+            "action_regex": grammar(query, max_page)}
 
 
 # A later turn of the region demo looks closer or answers, and the thought decides which: the
@@ -79,7 +98,7 @@ def region_turn_regex(action_format: str = "tags") -> str:
         crop = r'\n<tool_call>\n\{"name": "crop", "arguments": \{"bbox": (' + _boxes() + r')\}\}\n</tool_call>'
     else:
         crop = f"<bbox>({_boxes()})</bbox>"
-    return f"({_CROP_THOUGHT}{crop}|{_ANSWER_THOUGHT}{_ANSWER.format()})"
+    return f"({_CROP_THOUGHT}{crop}|{_ANSWER_THOUGHT}{_ANSWER})"
 
 
 def cache_dir() -> Path:
@@ -165,9 +184,6 @@ def demo_config(**overrides: Any) -> AgentRolloutConfig:
         max_turns=4,
         top_n=DEMO_TOP_N,
         max_num_batched_tokens=4096,
-        action_regex=action_regex(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE),
-        # every episode retrieves before it may answer: the demo shows pages in tool turns
-        first_turn_action_regex=action_regex(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE, answer=False),
         calculate_log_probs=True,  # the saved batch carries rollout_log_probs: `check --forward` reads them
     )
     # With the region action the first turn searches (its pages are what a later turn crops) and
@@ -175,9 +191,10 @@ def demo_config(**overrides: Any) -> AgentRolloutConfig:
     regions = bool(overrides.get("region_action"))
     action_format = overrides.get("action_format", "tags")
     grammar = tool_call_regex if action_format == "tool_call" else action_regex
+    # every episode retrieves before it may answer: the demo shows pages in tool turns
     base["action_regex"] = (region_turn_regex(action_format) if regions
-                            else grammar(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE))
-    base["first_turn_action_regex"] = grammar(sorted(SAMPLE_FACTS), max_page=DEMO_MAX_PAGE, answer=False,
+                            else grammar(one_of(sorted(SAMPLE_FACTS)), DEMO_MAX_PAGE))
+    base["first_turn_action_regex"] = grammar(one_of(sorted(SAMPLE_FACTS)), DEMO_MAX_PAGE, answer=False,
                                               fetch=not regions)
     if overrides.get("action_format") == "tool_call":
         base["prompt_length"] = 1280 if regions else 1024  # the tool schemas in the system turn
@@ -260,44 +277,16 @@ def finish_demo(output: Any, out_path: Path, *, processor: Any, model_dir: Path,
     from ..verify.check import run_check
     from ..verify.saved_batch import save_rollout
     from ..verify.view import write_html
+    from .episode_table import print_summary
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
     save_rollout(output, out_path, processor=processor, model_path=model_dir, config=config)
     print_summary(output, regions=config.region_action)
-    print(f"saved {len(output)} samples of {output.meta_info.get('model_family')} ({model_dir}) to {out_path}")
+    samples = f"{len(output)} sample{'' if len(output) == 1 else 's'}"
+    print(f"saved {samples} of {output.meta_info.get('model_family')} ({model_dir}) to {out_path}")
     report = run_check(out_path, model_dir)
     print(report.human())
     print(report.to_json())
     html = write_html(out_path, out_path.with_suffix(".html"))
     print(f"view: {html}")
     return {"output": output, "report": report, "html": html, "processor": processor}
-
-
-def print_summary(output: Any, regions: bool = False) -> None:
-    """One line per sample (its document, ending, turns, actions, response and observation
-    tokens, pages shown), then the batch's rollout metrics. With `regions` (the region action
-    on) a `crop` column counts each sample's crops, and each crop's region follows its pages, as
-    fractions of the page: `crops [x1,y1,x2,y2]`."""
-    batch, columns = output.batch, output.non_tensor_batch
-    crop_head = f" {'crop':>4}" if regions else ""
-    print(f"{'#':>3} {'doc':<16} {'end':<10} {'turns':>5} {'srch':>4} {'ftch':>4}{crop_head} {'resp':>5} {'obs':>5}  pages")
-    for row, doc in enumerate(columns["doc_id"]):
-        used = int(batch["response_mask"][row].sum())
-        sampled = int(batch["loss_mask"][row].sum())
-        pages = ",".join(page for turn in columns["page_ids"][row] for page in turn) or "-"
-        crops = f" {int(columns['num_crops'][row]):>4}" if regions else ""
-        print(
-            f"{row:>3} {str(doc):<16} {columns['termination_reason'][row]:<10} {int(columns['num_turns'][row]):>5} "
-            f"{int(columns['num_searches'][row]):>4} {int(columns['num_fetches'][row]):>4}{crops} {used:>5} "
-            f"{used - sampled:>5}  {pages}{_crop_regions(columns['image_regions'][row]) if regions else ''}"
-        )
-    metrics = output.meta_info.get("metrics", {})
-    keys = ("rollout/turns_mean", "rollout/searches", "rollout/fetches") + (("rollout/crops",) if regions else ())
-    keys += ("rollout/retriever_errors", "rollout/seconds")
-    print("  ".join(f"{key.split('/')[-1]}={metrics.get(key, 0):.2f}" for key in keys))
-
-
-def _crop_regions(image_regions: Any) -> str:
-    """`  crops [x1,y1,x2,y2] ...` for the crops among a sample's images (None: a whole page)."""
-    boxes = [f"[{','.join(f'{v:.2f}' for v in region)}]" for region in image_regions if region is not None]
-    return f"  crops {' '.join(boxes)}" if boxes else ""

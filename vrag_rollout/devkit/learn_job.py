@@ -58,6 +58,20 @@ def _is_parquet(path: Path) -> bool:
         return file.read(4) == b"PAR1"
 
 
+def learn_questions(data: Optional[Path], batch_size: int, action_format: str = "tags") -> tuple[list, list, Optional[list]]:
+    """(prompt samples, ground truths, recorded page counts or None): the first `batch_size` rows
+    of `data` (a converted dataset), or without it the find-the-page task's questions."""
+    from .learn_task import TASK_INSTRUCTIONS, TOOL_CALL_TASK_INSTRUCTIONS, task_questions
+    from .rollout_job import page_counts_of, read_job_questions
+
+    if data is None:
+        samples, truths = task_questions(
+            batch_size, TOOL_CALL_TASK_INSTRUCTIONS if action_format == "tool_call" else TASK_INSTRUCTIONS)
+        return samples, truths, None
+    samples, truths = read_job_questions(Path(data), batch_size)
+    return samples, truths, page_counts_of(Path(data), batch_size)
+
+
 DEFAULTS = dict(steps=40, batch_size=3, n=8, max_turns=3, response_length=256, temperature=1.0, lr=1e-3)
 FINAL_DIR = "final"
 EVAL_FILE = "eval.pt"
@@ -71,7 +85,7 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
               model_dir: Optional[Path] = None, processor: Any = None, llm: Any = None, retriever: Any = None,
               retriever_url: Optional[str] = None, fixtures: Optional[str] = None, action_format: str = "tags",
               data: Optional[Path] = None, index: Optional[Path] = None, evaluate: bool = True,
-              progress: bool = True) -> dict:
+              progress: bool = True, retriever_preflight: str = "fail") -> dict:
     """Run the loop and write its outputs (module docstring); returns {"records", "summary",
     "hf_model", "llm", "agent", "model_dir", "processor", "final_dir", "eval_path", "report",
     "questions", "truths"}."""
@@ -83,7 +97,6 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
     from tqdm import tqdm
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from ..data.questions import read_questions
     from ..engine.llm import configure_cpu_defaults
     from ..engine import weights
     from ..rollout.agent import vLLMRolloutAgent
@@ -91,7 +104,7 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
     from ..training.learn import episode_scores, learn, no_signal, reward_summary
     from .demo import cache_dir, demo_config, demo_model, demo_page_band, demo_prompts, prepare_index
     from .learn_report import plot_rewards, summary_line
-    from .learn_task import TASK_INSTRUCTIONS, TOOL_CALL_TASK_INSTRUCTIONS, task_questions, task_regex
+    from .learn_task import task_regex
 
     configure_cpu_defaults()
     torch.manual_seed(seed)
@@ -107,17 +120,13 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
             from retriever_server.testing import serve_in_thread
 
             retriever_url = stack.enter_context(serve_in_thread(Path(index) if index else prepare_index(cache_dir())))
-        if data is None:
-            samples, truths = task_questions(
-                batch_size, TOOL_CALL_TASK_INSTRUCTIONS if action_format == "tool_call" else TASK_INSTRUCTIONS)
-            grammar = task_regex(action_format)
-        else:  # the user's questions: the model writes its own actions, as in a trainer
-            samples, truths = read_questions(Path(data), batch_size)
-            grammar = None
+        samples, truths, _counts = learn_questions(data, batch_size, action_format)
+        # the task's grammar; the user's questions: the model writes its own actions, as in a trainer
+        grammar = task_regex(action_format) if data is None else None
         config = demo_config(n=n, max_turns=max_turns, response_length=response_length, temperature=temperature,
                              seed=seed, calculate_log_probs=True, action_format=action_format, action_regex=grammar,
                              retriever_url=retriever_url or "http://127.0.0.1:8002", retriever_fixtures=fixtures,
-                             **demo_page_band(processor))
+                             retriever_preflight=retriever_preflight, **demo_page_band(processor))
         agent = vLLMRolloutAgent(str(model_dir), config, tokenizer, processor, inference_engine=llm,
                                  retriever=retriever)
         engine = agent.inference_engine
@@ -133,7 +142,8 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
             with torch.no_grad():
                 return response_log_probs(initial, processor, batch, temperature)
 
-        bar = stack.enter_context(tqdm(total=steps, desc="learn", unit="step", disable=not progress))
+        # disable=None: no bar when the output is not a terminal (piped, a log file); the step lines stay
+        bar = stack.enter_context(tqdm(total=steps, desc="learn", unit="step", disable=None if progress else True))
 
         def on_step(record: dict) -> None:
             bar.update(1)

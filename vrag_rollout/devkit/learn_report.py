@@ -7,6 +7,7 @@ file-only backend; `summary_line` prints `training.learn.reward_summary`.
 
 from __future__ import annotations
 
+from gettext import ngettext
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -36,7 +37,7 @@ def plot_rewards(records: Sequence[Mapping[str, float]], path: Path, title: str 
     figure, axes = plt.subplots(figsize=(7, 4), dpi=110)
     axes.plot(steps, rewards, "o", markersize=3, color="tab:blue", alpha=0.5, label="reward per step (batch mean)")
     axes.plot(steps, moving_average(rewards, window), color="tab:blue", linewidth=2,
-              label=f"moving average ({window} steps)")
+              label=f"moving average ({_steps(window)})")
     if "reward_accuracy" in records[0]:
         axes.plot(steps, moving_average([float(r["reward_accuracy"]) for r in records], window), color="tab:green",
                   linewidth=1, alpha=0.7, label="accuracy part (moving average)")
@@ -55,8 +56,17 @@ def plot_rewards(records: Sequence[Mapping[str, float]], path: Path, title: str 
 
 
 def summary_line(summary: Mapping[str, float]) -> str:
-    return (f"reward over the first {summary['window']} steps {summary['first']:.3f}, over the last "
-            f"{summary['window']} {summary['last']:.3f} (gain {summary['gain']:+.3f}, {summary['steps']} steps)")
+    """`reward over the first 10 steps 0.605, over the last 10 0.930 (gain +0.325, 40 steps)`;
+    singular nouns for one step: `over the first step`, `(gain +0.100, 1 step)`."""
+    window = int(summary["window"])
+    first = "step" if window == 1 else _steps(window)
+    last = "step" if window == 1 else str(window)
+    return (f"reward over the first {first} {summary['first']:.3f}, over the last {last} {summary['last']:.3f} "
+            f"(gain {summary['gain']:+.3f}, {_steps(int(summary['steps']))})")
+
+
+def _steps(count: int) -> str:
+    return f"{count} {ngettext('step', 'steps', count)}"
 
 
 __all__ = ["moving_average", "plot_rewards", "smoothing_window", "summary_line"]

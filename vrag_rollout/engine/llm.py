@@ -5,6 +5,7 @@ by one). `engine/` is the only layer that imports vllm (tests/test_layers.py che
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import sys
 import warnings
@@ -23,10 +24,32 @@ class TurnOutput:
     logprobs: Optional[tuple[float, ...]] = None
 
 
-def configure_cpu_defaults() -> None:
-    """Environment defaults that let vLLM run in-process on a machine without a GPU.
+# Start-up warnings that say nothing on a machine without a GPU, as (logger, message start): vLLM
+# disables Triton there anyway (it warns at import, before its own log level applies), and no
+# CUDA extension is built, so torch's guess of a CUDA_HOME is never used.
+CPU_START_UP_NOISE = (
+    ("vllm.triton_utils.importing", "Triton is installed, but doesn't include CPU backend"),
+    ("torch.utils.cpp_extension", "No CUDA runtime is found"),
+)
 
-    Only sets variables the user has not set, and only when no CUDA device is visible.
+
+@dataclass(frozen=True)
+class _DropMessage:
+    """A logging filter dropping the records whose message starts with `start`; equal filters
+    are one (`Logger.addFilter` adds a filter once), so configuring again adds nothing."""
+
+    start: str
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.start)
+
+
+def configure_cpu_defaults() -> None:
+    """Environment defaults that let vLLM run in-process on a machine without a GPU, and quiet
+    its start-up warnings that only concern GPUs (`CPU_START_UP_NOISE`).
+
+    Only sets variables the user has not set, and only when no CUDA device is visible. Call it
+    before vLLM is imported: the Triton warning is logged at import.
     """
     try:
         import torch
@@ -38,6 +61,8 @@ def configure_cpu_defaults() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", _unbound_threads_value())
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    for name, start in CPU_START_UP_NOISE:
+        logging.getLogger(name).addFilter(_DropMessage(start))
 
 
 def _unbound_threads_value() -> str:

@@ -164,14 +164,15 @@ class Observer:
     def _tool_answer(self, call: Any, outcome: Any, decoded: dict, counts: ObservationResult) -> tuple:
         if isinstance(call, Invalid):
             return [], f"error: {call.message}"
+        # every call made counts, answered or not, as in the tags format; failures count apart
+        counts.searches += int(isinstance(call, Search))
+        counts.fetches += int(isinstance(call, Fetch))
+        counts.crops += int(isinstance(call, Crop))
         if isinstance(outcome, RetrieverFailure):
             mistake = outcome.kind == REQUEST_FAILURE
             counts.bad_request += int(mistake)
             counts.retriever_error += int(not mistake)
             return [], f"error: {outcome.message}"
-        counts.searches += int(isinstance(call, Search))
-        counts.fetches += int(isinstance(call, Fetch))
-        counts.crops += int(isinstance(call, Crop))
         found = outcome if isinstance(outcome, list) else [outcome]
         if not found:
             return [], NO_PAGES

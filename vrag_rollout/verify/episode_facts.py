@@ -54,7 +54,8 @@ def question(prompt_text: str) -> str:
     return (asked if mark else text).strip()
 
 
-def _same(text: str) -> str:
+def comparable(text: str) -> str:
+    """A question as truths are matched by it: whitespace runs made one space."""
     return " ".join(text.split())
 
 
@@ -87,7 +88,7 @@ def ground_truth(saved: Any, row: int, truths: Optional[Mapping[str, Any]] = Non
         if name in saved.columns and saved.columns[name][row] is not None:
             return parse_truth(saved.columns[name][row])
     if truths and asked is not None:
-        raw = truths.get(_same(asked))
+        raw = truths.get(comparable(asked))
         return None if raw is None else parse_truth(raw)
     return None
 
@@ -124,7 +125,7 @@ def _action(kind: str, body: str) -> str:
             return f"{call['name']} {json.dumps(call.get('arguments', {}), ensure_ascii=False)}"
         except (ValueError, KeyError, TypeError, RecursionError):  # a policy's JSON is hostile input
             pass
-    return f"{kind} {_same(body)}"
+    return f"{kind} {comparable(body)}"
 
 
 def last_actions(sampled_text: str) -> list[str]:
@@ -168,11 +169,11 @@ def load_truths(path: str | Path) -> dict[str, Any]:
             raise ValueError(f"{path}: a parquet of ground truths needs the columns prompt and answer "
                              "(as `vrag-rollout convert-dataset` writes)")
         rows = table.select(["prompt", "answer"]).to_pylist()
-        return {_same(question(str(r["prompt"]))): r["answer"] for r in rows}
+        return {comparable(question(str(r["prompt"]))): r["answer"] for r in rows}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:
         raise ValueError(f"{path}: not JSON ({e})") from e
     if not isinstance(data, Mapping):
         raise ValueError(f"{path}: expected a JSON object {{question: ground truth}}, got {type(data).__name__}")
-    return {_same(str(k)): v for k, v in data.items()}
+    return {comparable(str(k)): v for k, v in data.items()}

@@ -25,7 +25,9 @@ leads with the episodes (its first screen shows them, not the batch's numbers):
 
 Rewards are shown when the batch carries them, never computed: `verify/` does not import the
 reward (`core.reward`) it would display. `truths` ({question: ground truth}, see
-`episode_facts.load_truths`) supplies ground truths a batch lacks. Text is decoded with the
+`episode_facts.load_truths`) supplies ground truths a batch lacks, matched by question: a file
+holding none of the batch's questions is refused (`TruthsMatchNothing`, nothing written), one
+lacking some is warned about on stderr (`check_truths_match`). Text is decoded with the
 batch's own token texts (saved by `save_rollout`) or, when given or when the batch has none,
 with the tokenizer of `model_dir`. All text is HTML-escaped.
 """
@@ -35,9 +37,12 @@ from __future__ import annotations
 import base64
 import html
 import json
+import sys
+import textwrap
 from collections import Counter
+from gettext import ngettext
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from . import episode_facts as facts
 from .saved_batch import SavedBatch, load_rollout
@@ -47,6 +52,15 @@ IMAGE_PAD, VISION_START, VISION_END = "<|image_pad|>", "<|vision_start|>", "<|vi
 
 class ViewInputError(ValueError):
     """The batch cannot be viewed (no token texts and no tokenizer, not a batch)."""
+
+
+class TruthsMatchNothing(ViewInputError):
+    """No question of the batch is in the `--truths` file (a file of other questions)."""
+
+
+def _count(number: int, noun: str) -> str:
+    """'1 image', '2 images'."""
+    return f"{number} {ngettext(noun, noun + 's', number)}"
 
 
 def _mime(data: bytes) -> str:
@@ -191,7 +205,7 @@ class _Episode:
         k = self.next_image
         self.next_image += 1
         if k >= len(self.images):
-            return f'<span class="missing">[image {k}: {tokens} image tokens, no saved image]</span>'
+            return f'<span class="missing">[image {k}: {_count(tokens, "image token")}, no saved image]</span>'
         gold = self._gold(page_id)
         j = k - self.prompt_images  # regions are indexed by retrieved image, the prompt's come first
         region = self.regions[j] if 0 <= j < len(self.regions) else None
@@ -200,7 +214,7 @@ class _Episode:
         if j >= 0 and page_id:
             self.shown_pages[page_id] = k
         label = html.escape(f"image {k}: {page_id + ' · ' if page_id else ''}{'gold page · ' if gold else ''}"
-                            f"{tokens} tokens")
+                            f"{_count(tokens, 'token')}")
         return (f'<figure class="page{" gold" if gold else ""}"><img class="thumb" id="img-{self.row}-{k}" '
                 f'alt="{label}" title="{label}" src="{data_uri(self.images[k])}"><figcaption>{label}</figcaption>'
                 "</figure>")
@@ -210,7 +224,7 @@ class _Episode:
         with the box drawn over it in percentages, so it scales with the thumbnail."""
         self.crops += 1
         label = html.escape(f"image {k}: region of {page_id} {[round(v, 3) for v in box]} · "
-                            f"{'gold page · ' if gold else ''}{tokens} tokens")
+                            f"{'gold page · ' if gold else ''}{_count(tokens, 'token')}")
         crop = (f'<img class="thumb" id="img-{self.row}-{k}" alt="{label}" title="{label}" '
                 f'src="{data_uri(self.images[k])}">')
         source = self.shown_pages.get(page_id)
@@ -307,7 +321,8 @@ class _Episode:
         return (
             f'<section class="episode" id="ep-{row}" data-reason="{html.escape(str(self.reason))}">'
             f'<h2>episode {row}</h2>{self._head()}<div class="facts">{facts_html}</div>{self._budget_bar()}'
-            f'<details class="prompt"><summary>prompt ({len(self.prompt_ids)} tokens, {self.prompt_images} images)'
+            f'<details class="prompt"><summary>prompt ({_count(len(self.prompt_ids), "token")}, '
+            f'{_count(self.prompt_images, "image")})'
             '</summary>'
             f'<div class="conv">{prompt}</div></details>'
             f'<div class="conv response">{response}</div></section>'
@@ -412,16 +427,24 @@ def _batch(saved: SavedBatch) -> str:
         ("action grammar", {True: "yes (constrained logprobs)", False: "no", None: "unknown"}[saved.action_grammar]),
         ("source", saved.source), ("config", json.dumps(config)),
     ]
-    return (f'<details class="batch"><summary>batch: model, config and {len(saved.metrics)} metrics</summary>'
+    return (f'<details class="batch"><summary>batch: model, config and {_count(len(saved.metrics), "metric")}'
+            '</summary>'
             f'<div class="summary">{_facts(summary)}</div><table class="metrics">{metrics}</table></details>')
 
 
 def render(saved: SavedBatch, model_dir: Optional[str] = None, title: str = "rollout",
            truths: Optional[dict] = None) -> str:
     """The whole page as one string."""
+    return _page(saved, _episodes(saved, model_dir, truths), title)
+
+
+def _episodes(saved: SavedBatch, model_dir: Optional[str], truths: Optional[dict]) -> list[_Episode]:
     decode, vision = _decoder(saved, model_dir)
-    episodes = [_Episode(saved, row, decode, vision, truths) for row in range(len(saved))]
-    sections = [ep.render() for ep in episodes]
+    return [_Episode(saved, row, decode, vision, truths) for row in range(len(saved))]
+
+
+def _page(saved: SavedBatch, episodes: list[_Episode], title: str) -> str:
+    sections = [ep.render() for ep in episodes]  # first: rendering counts each episode's crops
     reasons = Counter(str(r) for r in saved.column("termination_reason"))
     options = '<option value="all">all</option>' + "".join(
         f'<option value="{html.escape(r)}">{html.escape(r)} ({c})</option>' for r, c in sorted(reasons.items())
@@ -430,7 +453,7 @@ def render(saved: SavedBatch, model_dir: Optional[str] = None, title: str = "rol
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>{html.escape(title)}</title><style>{_CSS}{_CROP_CSS if any(ep.crops for ep in episodes) else ''}"
         "</style></head><body>"
-        f"<header><h1>{html.escape(title)}</h1><p class=\"lead\">{len(saved)} episodes · "
+        f"<header><h1>{html.escape(title)}</h1><p class=\"lead\">{_count(len(saved), 'episode')} · "
         f"{html.escape(saved.model_family or 'model family unknown')} · <label>termination reason "
         f"<select id=\"reason-filter\" onchange=\"filterReason(this.value)\">{options}</select></label> "
         f"showing <span id=\"shown\">{len(saved)}</span> of {len(saved)} · "
@@ -452,26 +475,52 @@ def _fmt(value: Any) -> str:
 def write_html(path: str | Path, out_html: str | Path, model_dir: Optional[str | Path] = None,
                truths: Optional[str | Path] = None) -> Path:
     """Read a saved batch (or pickled trainer DataProto) and write its HTML view; returns the path.
-    `truths`: a file of ground truths for a batch without them (`episode_facts.load_truths`)."""
+    `truths`: a file of ground truths for a batch without them (`episode_facts.load_truths`);
+    when it holds no question of the batch, `TruthsMatchNothing` and nothing is written; when it
+    lacks some, a one-line warning on stderr counts them."""
     try:
         saved = load_rollout(path)
         known = None if truths is None else facts.load_truths(truths)
     except ValueError as e:  # NotABatchError, or a truths file of another shape
         raise ViewInputError(str(e)) from e
-    page = render(saved, None if model_dir is None else str(model_dir), title=f"rollout {Path(path).name}",
-                  truths=known)
+    episodes = _episodes(saved, None if model_dir is None else str(model_dir), known)
+    if known is not None:
+        warning = check_truths_match(truths, known, [ep.question for ep in episodes])
+        if warning:
+            print(warning, file=sys.stderr)
+    page = _page(saved, episodes, title=f"rollout {Path(path).name}")
     out = Path(out_html)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")
     return out
 
 
+def check_truths_match(truths_path: str | Path, truths: dict, asked: Sequence[str]) -> Optional[str]:
+    """The batch's questions (`asked`, per row) against a truths file's: None when the file has
+    each one; a warning line counting those it lacks; `TruthsMatchNothing` when it has none (the
+    wrong file: a page without ground truths is not what was asked for)."""
+    batch_questions = list(dict.fromkeys(asked))  # a question once, however many samples asked it
+    lacking = [question for question in batch_questions if facts.comparable(question) not in truths]
+    if not lacking:
+        return None
+    if len(lacking) < len(batch_questions):
+        return (f"view: warning: --truths {truths_path} has no ground truth for {len(lacking)} of the batch's "
+                f"{_count(len(batch_questions), 'question')} (e.g. {_shortened(lacking[0])}): their episodes show none")
+    held = _count(len(truths), "question") + (f" (e.g. {_shortened(next(iter(truths)))})" if truths else "")
+    raise TruthsMatchNothing(f"--truths {truths_path} holds no question of the batch: it holds {held}, the batch "
+                             f"asks {len(batch_questions)} (e.g. {_shortened(batch_questions[0])}); nothing written")
+
+
+def _shortened(question: str) -> str:
+    return repr(textwrap.shorten(question, width=60, placeholder="…"))
+
+
 def main(path: str | Path, out_html: str | Path, model_dir: Optional[str] = None,
          truths: Optional[str | Path] = None) -> int:
     try:
         out = write_html(path, out_html, model_dir, truths=truths)
-    except (ViewInputError, FileNotFoundError) as e:
-        print(f"error: {e}")
+    except (ViewInputError, FileNotFoundError) as e:  # one line on stderr, no page (TruthsMatchNothing too)
+        print(f"view: error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {out}")
     return 0

@@ -267,7 +267,8 @@ class VragAgentLoop(AgentLoopBase):
         extra = {"termination_reason": episode.termination, "page_ids": [list(p) for p in episode.page_ids],
                  "budget_overflow": episode.budget_overflow, "num_searches": episode.searches,
                  "num_fetches": episode.fetches, "num_crops": episode.crops,
-                 "retriever_errors": episode.retriever_errors, "doc_id": episode.doc_id,
+                 "retriever_errors": episode.retriever_errors, "bad_requests": episode.bad_requests,
+                 "doc_id": episode.doc_id,
                  "image_regions": list(episode.image_regions),
                  # how it was sampled, as the EasyR1 rollout's meta_info says it (verl keeps no
                  # batch-level meta): `vrag-rollout check` reads it from this column

@@ -71,7 +71,7 @@ class Report:
         return json.dumps(self.summary(), sort_keys=True)
 
     def human(self, limit: int = 50) -> str:
-        lines = [f"check {self.path}: {self.samples} samples, {self.model_family or '?'} model {self.model_dir}"]
+        lines = [f"check {self.path}: {self.samples} sample{'' if self.samples == 1 else 's'}, {self.model_family or '?'} model {self.model_dir}"]
         lines += [f"  {failure}" for failure in self.failures[:limit]]
         if len(self.failures) > limit:
             lines.append(f"  ... and {len(self.failures) - limit} more failures")
