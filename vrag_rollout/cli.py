@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0: greedy)")
     rollout.add_argument("--seed", type=int, default=0, help="base of the per-sample sampling seeds")
     rollout.add_argument("--action-format", choices=["tags", "tool_call"], default=None,
-                         help="default: the one the questions' instructions were written for (convert-dataset "
+                         help="default: the one the questions' instructions were written for (convert-dataset's "
                               "--action-format), else tags")
     rollout.add_argument("--region-action", action="store_true", default=None,
                          help="let episodes look closer at a region of a page (default: as the questions were written)")

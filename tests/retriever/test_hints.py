@@ -34,7 +34,10 @@ ROOT = Path(__file__).resolve().parents[2]
 PROGRAMS = {"vrag-retriever": retriever_parser, "vrag-rollout": rollout_parser}
 # The modules whose messages are checked, and the program each one's messages speak of.
 MODULES = {**{path: "vrag-retriever" for path in sorted((ROOT / "retriever_server").rglob("*.py"))},
-           **{path: "vrag-rollout" for path in sorted((ROOT / "vrag_rollout" / "data").glob("*.py"))}}
+           **{path: "vrag-rollout" for path in sorted((ROOT / "vrag_rollout" / "data").glob("*.py"))},
+           # the rollout commands' own checks and hints
+           **{ROOT / "vrag_rollout" / "devkit" / name: "vrag-rollout" for name in ("job_checks.py", "rollout_job.py")},
+           ROOT / "vrag_rollout" / "cli.py": "vrag-rollout"}
 _BACKTICKED = re.compile(r"`([^`]+)`")
 _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
@@ -133,7 +136,7 @@ def test_every_command_and_flag_a_message_names_exists():
     ("(convert-dataset --index --drop-missing leaves their questions out)", "takes a value"),
     ("convert again with `vrag-rollout convert-dataset --index`", "does not parse"),
     ("index it with `vrag-retriever index DOCS --into X`", "does not parse"),
-    ("serve it with --retriever-preflight warn", "no such flag"),
+    ("serve it with --retriever-prefligt warn", "no such flag"),
     ("(convert-dataset --drop-missng leaves them out)", "no such flag"),
 ])
 def test_the_check_finds_hints_that_cannot_be_followed(text, bad):
