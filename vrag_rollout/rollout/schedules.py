@@ -41,7 +41,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Optional, Protocol, TypeVar
 
-from ..engine.llm import ContinuousEngine, TurnOutput, VLLMEngine
+from ..engine.llm import ContinuousEngine, VLLMEngine
+from ..turn_output import TurnOutput
 from ..core.episode import Episode
 
 T = TypeVar("T")
