@@ -276,11 +276,11 @@ async def run(args: argparse.Namespace) -> int:
         transports[name] = RecordingTransport(LatentRetriever(0, slots=args.retriever_slots or None))
         clients[name] = RetrieverClient(None, transport=transports[name], max_concurrency=config.retriever_max_concurrency)
 
-    class BenchAgent(agent_loop.vLLMRolloutAgent):
+    class BenchDriver(agent_loop.ServerDriver):
         def _default_retriever(self):
             return clients["vrag_agent"]
 
-    agent_loop.vLLMRolloutAgent = BenchAgent  # shared_agent builds the loop's rollout with it
+    agent_loop.ServerDriver = BenchDriver  # shared_driver builds the loop's driver with it
 
     class EngineView:  # what local_worker reads of an engine: its model config (logprobs mode)
         llm_engine = server.engine
