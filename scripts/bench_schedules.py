@@ -139,11 +139,12 @@ def make_agent_class(think_lengths=THINK_LENGTHS):
 
     from vrag_rollout import vLLMRolloutAgent
     from vrag_rollout.devkit.demo import DEMO_MAX_PAGE, one_of
+    from vrag_rollout.rollout.driver import EpisodeDriver
 
     queries = one_of(sorted(SAMPLE_FACTS))
     tool = rf"(<search>({queries})</search>|<fetch>(image|text), [1-{DEMO_MAX_PAGE}]</fetch>)"
 
-    class PlannedAgent(vLLMRolloutAgent):
+    class PlannedDriver(EpisodeDriver):
         """Tool calls until the sample's planned last turn, then an answer."""
 
         def request(self, episode, turn):
@@ -153,6 +154,9 @@ def make_agent_class(think_lengths=THINK_LENGTHS):
             action = r"<answer>[a-z ]{1,12}</answer>" if turn + 1 >= planned_turns(episode.index, self.max_turns) else tool
             params.structured_outputs = StructuredOutputsParams(regex=rf"<think>[a-z ]{{{think},{think + 8}}}</think>{action}")
             return prompt, params
+
+    class PlannedAgent(vLLMRolloutAgent):
+        driver_class = PlannedDriver
 
     return PlannedAgent
 

@@ -9,7 +9,7 @@ the same retriever behind the same injected latency and the same per-request see
   parser) with `integrations.verl.peer_tools.SearchTool`/`FetchTool`: the same two tool schemas,
   the same `RetrieverClient`, pages resized into the same pixel band.
 
-The engine is one vLLM `AsyncLLM` (`engine.async_token_server.AsyncTokenServer`, built with the
+The engine is one vLLM `AsyncLLM` (`engine.stand_ins.async_token_server.AsyncTokenServer`, built with the
 engine arguments of `engine.llm.build_llm`) answering as verl's vLLM server does, so concurrent
 trajectories are continuously batched as in verl. The workload is scripts/bench_schedules.py's
 long tail: each sample (by its row index) gets a number of turns from 1 to --max-turns (most
@@ -240,7 +240,7 @@ async def run(args: argparse.Namespace) -> int:
     from bench_schedules import THINK_LENGTHS, LatentRetriever, planned_turns
     from verl.experimental.agent_loop import tool_agent_loop  # noqa: F401 - registers tool_agent
     from vrag_rollout.devkit.demo import demo_config, demo_model, demo_page_band, demo_questions
-    from vrag_rollout.engine.async_token_server import AsyncTokenServer
+    from vrag_rollout.engine.stand_ins.async_token_server import AsyncTokenServer
     from vrag_rollout.engine.llm import configure_cpu_defaults
     from vrag_rollout.engine.sampling import BANNED_LOGIT_BIAS, request_seed
     from vrag_rollout.integrations.verl import agent_loop
@@ -276,11 +276,11 @@ async def run(args: argparse.Namespace) -> int:
         transports[name] = RecordingTransport(LatentRetriever(0, slots=args.retriever_slots or None))
         clients[name] = RetrieverClient(None, transport=transports[name], max_concurrency=config.retriever_max_concurrency)
 
-    class BenchAgent(agent_loop.vLLMRolloutAgent):
+    class BenchDriver(agent_loop.ServerDriver):
         def _default_retriever(self):
             return clients["vrag_agent"]
 
-    agent_loop.vLLMRolloutAgent = BenchAgent  # shared_agent builds the loop's rollout with it
+    agent_loop.ServerDriver = BenchDriver  # shared_driver builds the loop's driver with it
 
     class EngineView:  # what local_worker reads of an engine: its model config (logprobs mode)
         llm_engine = server.engine

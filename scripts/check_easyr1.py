@@ -242,20 +242,29 @@ def define_free_last_turn_agent() -> type:
     from vllm.sampling_params import StructuredOutputsParams
 
     from vrag_rollout import vLLMRolloutAgent
+    from vrag_rollout.rollout.driver import EpisodeDriver
+
+    class FreeLastTurnDriver(EpisodeDriver):
+        agent = None  # the rollout holding this driver: its settings below decide each turn
+
+        def request(self, episode, turn):
+            prompt, params = super().request(episode, turn)
+            if self.agent.grammar is not None:
+                params.structured_outputs = StructuredOutputsParams(regex=self.agent.grammar)
+            if self.agent.free_last_turn and turn == self.max_turns - 1:
+                params.structured_outputs = None
+                FreeLastTurnAgent.free_from[episode.index] = len(episode.response_ids)
+            return prompt, params
 
     class FreeLastTurnAgent(vLLMRolloutAgent):
         free_from: dict = {}  # output row -> first response position of its free turn
         grammar = None  # a regex used instead of the config's action_regex
         free_last_turn = True
+        driver_class = FreeLastTurnDriver
 
-        def request(self, episode, turn):
-            prompt, params = super().request(episode, turn)
-            if self.grammar is not None:
-                params.structured_outputs = StructuredOutputsParams(regex=self.grammar)
-            if self.free_last_turn and turn == self.max_turns - 1:
-                params.structured_outputs = None
-                FreeLastTurnAgent.free_from[episode.index] = len(episode.response_ids)
-            return prompt, params
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.driver.agent = self
 
     globals()["FreeLastTurnAgent"] = FreeLastTurnAgent
     return FreeLastTurnAgent

@@ -18,7 +18,7 @@ from vrag_rollout.core.observation import ObservationBuilder, VisionTokens
 from vrag_rollout.core.step import after_generation
 from vrag_rollout.core.tool_turns import TOOLS, ToolTurnTemplate
 from vrag_rollout.core.vision import page_band
-from vrag_rollout.engine.llm import TurnOutput
+from vrag_rollout.turn_output import TurnOutput
 from vrag_rollout.retrieval.types import RetrievedPage, RetrieverFailure
 from vrag_rollout.rollout.tools import Observer
 

@@ -87,4 +87,4 @@ def test_tool_call_prompts_without_the_tool_schemas_are_refused(tiny_model_dir, 
         rollout.generate_sequences(plain)
     with_tools = demo_prompts(tiny_processor.tokenizer, tiny_processor, sample_prompts(2, with_images=False),
                               rollout.config)
-    assert rollout._episodes(with_tools, 2)  # the same rollout accepts prompts that carry them
+    assert rollout.driver.episodes(with_tools, 2)  # the same rollout accepts prompts that carry them

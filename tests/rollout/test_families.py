@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModelForImageTextToText
 from tests.conftest import SAMPLE_RETRIEVAL
 from tests.rollout.agent_helpers import make_agent, prompt_batch, sample_images, sample_prompts
 from vrag_rollout import AgentRolloutConfig, vLLMRolloutAgent
+from vrag_rollout.rollout.driver import EpisodeDriver
 from vrag_rollout.families import FAMILY_NAMES, UnsupportedModelError, detect_family, family_by_name
 from vrag_rollout.retrieval.fixtures import FixtureTransport
 from vrag_rollout.retrieval.client import RetrieverClient
@@ -96,9 +97,11 @@ def test_family_is_read_from_the_processor_without_a_local_config(family_model):
     assert detect_family("Org/remote-checkpoint", family_model.processor).name == family_model.family
 
 
-class _FreeLastTurn(vLLMRolloutAgent):
+class _FreeLastTurnDriver(EpisodeDriver):
     """The demo grammar drives the tool calls; the last turn samples freely, so its logprobs are
     those of the model itself and comparable with a forward pass (a grammar changes them)."""
+
+    free_from: dict  # output row -> first response position of its free turn
 
     def request(self, episode, turn):
         prompt, params = super().request(episode, turn)
@@ -106,6 +109,10 @@ class _FreeLastTurn(vLLMRolloutAgent):
             params.structured_outputs = None
             self.free_from[episode.index] = len(episode.response_ids)
         return prompt, params
+
+
+class _FreeLastTurn(vLLMRolloutAgent):
+    driver_class = _FreeLastTurnDriver
 
 
 # The tokens the rollout bans with a -100 logit bias, named independently of the code under test.
@@ -124,7 +131,7 @@ def test_rollout_logprobs_equal_a_transformers_forward_pass(family_model):
                       temperature=TEMPERATURE)
     agent = _FreeLastTurn(str(fm.model_dir), base.config, fm.processor.tokenizer, fm.processor,
                           inference_engine=fm.llm, retriever=retriever)
-    agent.free_from = {}
+    agent.driver.free_from = {}
     prompts = prompt_batch(fm.processor, sample_prompts(4), agent)
     output = agent.generate_sequences(prompts)
     assert output.meta_info["action_grammar"] is True and output.meta_info["model_family"] == fm.family
@@ -137,7 +144,7 @@ def test_rollout_logprobs_equal_a_transformers_forward_pass(family_model):
     width = prompts.batch["input_ids"].shape[1]
     compared, after_pages = 0, 0
     gaps = []
-    for row, start in agent.free_from.items():
+    for row, start in agent.driver.free_from.items():
         valid = output.batch["attention_mask"][row].bool()
         ids = output.batch["input_ids"][row][valid]
         images = sample_images(output, row)

@@ -320,7 +320,7 @@ def _episode(length: int = 4096):
          last_turn=False)
 def test_the_tags_step_settles_any_turn(observations, text, stop, finish, regions, last_turn):
     from vrag_rollout.core.step import after_generation
-    from vrag_rollout.engine.llm import TurnOutput
+    from vrag_rollout.turn_output import TurnOutput
 
     episode = _episode()
     action = after_generation(episode, TurnOutput(token_ids=(5, 6, 7), text=text, finish_reason=finish,
@@ -340,7 +340,7 @@ def test_the_tags_step_settles_any_turn(observations, text, stop, finish, region
 def test_the_tool_call_step_settles_any_turn(observations, text, regions, last_turn):
     from vrag_rollout.core.step import after_tool_call_turn
     from vrag_rollout.core.tool_turns import ToolCalls
-    from vrag_rollout.engine.llm import TurnOutput
+    from vrag_rollout.turn_output import TurnOutput
 
     end = observations.tokenizer.convert_tokens_to_ids("<|im_end|>")
     episode = _episode()

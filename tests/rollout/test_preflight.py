@@ -163,7 +163,7 @@ def test_a_dead_retriever_is_refused_before_sampling(tiny_model_dir, tiny_proces
 
 def test_warn_mode_goes_on_and_counts_the_unknown_document_as_a_request_error(server_url, tiny_model_dir,
                                                                              tiny_processor, tiny_llm, caplog):
-    with RetrieverClient(server_url) as client, caplog.at_level(logging.WARNING, logger="vrag_rollout.rollout.agent"):
+    with RetrieverClient(server_url) as client, caplog.at_level(logging.WARNING, logger="vrag_rollout.rollout"):
         agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, client, n=4, max_turns=3,
                            retriever_preflight="warn", retriever_failure_warn_rate=0.0)
         output = agent.generate_sequences(prompt_batch(tiny_processor, questions("no_such_doc"), agent))

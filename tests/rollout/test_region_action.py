@@ -92,7 +92,7 @@ def shown_size(model, url):
         agent = make_agent(model.model_dir, model.processor, model.llm, client, n=1)
         (page,) = client.batch_fetch([FetchSpec("image", 2)], ["sheet"])
     decode = decode_page_file if isinstance(page.contents, bytes) else decode_page
-    return decode(page.contents, agent.observer.band).image.size
+    return decode(page.contents, agent.driver.observer.band).image.size
 
 
 @pytest.fixture(scope="module", params=FAMILY_NAMES)

@@ -95,5 +95,5 @@ def test_the_rollout_bans_every_padded_row(tiny_model_dir, tiny_processor, tiny_
     agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, RetrieverClient("http://127.0.0.1:9"))
     padded = set(range(len(tiny_processor.tokenizer), logits_width(tiny_model_dir)))
     assert len(padded) == 151936 - 151657
-    bias = agent.sampling.params_kwargs(16, seed=0)["logit_bias"]
+    bias = agent.driver.sampling.params_kwargs(16, seed=0)["logit_bias"]
     assert padded <= set(bias) and all(bias[token] == -100.0 for token in padded)

@@ -63,9 +63,10 @@ def test_both_schedules_give_the_same_episodes_in_every_family_and_format(family
         prompts = demo_prompts(fm.processor.tokenizer, fm.processor, sample_prompts(6), agent.config)
         outputs[mode], served[mode] = agent.generate_sequences(prompts), transport.text_pages
         # One tokenizer lock through everything that tokenizes while tool threads run.
-        locks = {agent.tokenizer.lock, agent.observations.tokenizer.lock, agent.observer.builder.tokenizer.lock}
+        driver = agent.driver
+        locks = {agent.tokenizer.lock, driver.observations.tokenizer.lock, driver.observer.builder.tokenizer.lock}
         if action_format == "tool_call":
-            locks.add(agent.format.template.tokenizer.lock)
+            locks.add(driver.format.template.tokenizer.lock)
         assert len(locks) == 1 and agent.tokenizer.raw is not fm.processor.tokenizer  # the rollout's own copy
     for key in ("responses", "loss_mask", "position_ids"):
         assert torch.equal(outputs["sync"].batch[key], outputs["continuous"].batch[key]), key
@@ -173,7 +174,7 @@ def test_a_retriever_call_past_its_deadline_fails_the_call_and_leaks_nothing(tin
     import threading
     import time
 
-    import vrag_rollout.rollout.agent as rollout_module
+    import vrag_rollout.rollout.driver as rollout_module
 
     class Stuck:
         deadline_s = 0.3
@@ -221,12 +222,12 @@ def test_a_synchronized_call_refuses_an_engine_holding_requests_of_someone_else(
 
 def test_the_rollout_waits_on_its_own_client_no_longer_than_the_clients_deadline(tiny_model_dir, tiny_processor,
                                                                                   tiny_llm):
-    from vrag_rollout.rollout.agent import DECODE_SLACK_S
+    from vrag_rollout.rollout.driver import DECODE_SLACK_S
 
     config = dict(retriever_url="http://127.0.0.1:9", retriever_timeout=2.0, retriever_retries=1)
     agent = make_agent(tiny_model_dir, tiny_processor, tiny_llm, None, **config)
     client = agent.retriever
     assert isinstance(client, RetrieverClient)
     assert client.deadline_s >= client.overload_budget_s + 2 * 2.0  # at least the tries and the budget
-    assert agent.tool_deadline_s == client.deadline_s + DECODE_SLACK_S
+    assert agent.driver.tool_deadline_s == client.deadline_s + DECODE_SLACK_S
     client.close()

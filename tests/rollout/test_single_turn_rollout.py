@@ -37,7 +37,7 @@ def test_fixed_seed_reproduces_and_greedy_override_collapses_samples(tiny_model_
     greedy_prompts = prompt_batch(tiny_processor, sample_prompts(2), first, meta_info={"temperature": 0.0})
     greedy = first.generate_sequences(greedy_prompts).batch["responses"]
     assert torch.equal(greedy[0], greedy[1]) and torch.equal(greedy[1], greedy[2])
-    assert first.sampling.base["temperature"] == 1.0  # restored after the call
+    assert first.driver.sampling.base["temperature"] == 1.0  # restored after the call
     one = prompt_batch(tiny_processor, sample_prompts(2), first, meta_info={"n": 1})
     assert first.generate_sequences(one).batch["responses"].shape[0] == 2
 
@@ -73,4 +73,4 @@ def test_the_data_parallel_rank_comes_from_torch_distributed(tiny_model_dir, tin
     monkeypatch.setattr(dist, "get_rank", lambda: 5)
     config = AgentRolloutConfig(prompt_length=384, response_length=32, tensor_parallel_size=2)
     rollout = vLLMRollout(str(tiny_model_dir), config, tiny_processor.tokenizer, tiny_processor, inference_engine=tiny_llm)
-    assert rollout.dp_rank == 2  # global rank 5 in TP groups of 2: {0,1} {2,3} {4,5}
+    assert rollout.driver.dp_rank == 2  # global rank 5 in TP groups of 2: {0,1} {2,3} {4,5}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vrag_rollout.core.actions import Answer, Search, parse_action
-from vrag_rollout.engine.llm import TurnOutput
+from vrag_rollout.turn_output import TurnOutput
 from vrag_rollout.core.episode import Episode
 from vrag_rollout.core.observation import Observation, ObservationBuilder, VisionTokens
 from vrag_rollout.core.step import after_generation, observe, ready

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
 from .readers import MAX_PAGE, clip, page_from_text
+from ..turn_output import LENGTH, STOP
 
 SEARCH_STOP = "</search>"
 FETCH_STOP = "</fetch>"
@@ -98,14 +99,14 @@ def parse_action(
     `finish_reason`/`stop_reason` are vLLM's: "stop" with a stop string means a tool call, "stop"
     with None or an int token id means EOS, "length" means the budget ran out.
     """
-    if finish_reason == "stop" and isinstance(stop_reason, str) and stop_reason in TOOL_STOPS:
+    if finish_reason == STOP and isinstance(stop_reason, str) and stop_reason in TOOL_STOPS:
         return _parse_tool_call(text, stop_reason, fetch_modes)
-    if regions and finish_reason == "stop" and isinstance(stop_reason, str) and stop_reason in REGION_STOPS:
+    if regions and finish_reason == STOP and isinstance(stop_reason, str) and stop_reason in REGION_STOPS:
         return _parse_region_call(text, stop_reason)
-    if finish_reason == "stop":
+    if finish_reason == STOP:
         answers = _ANSWER.findall(text)
         return Answer(answers[-1].strip()) if answers else Stop("eos")
-    if finish_reason == "length":
+    if finish_reason == LENGTH:
         return Stop("length")
     return Stop("abort")
 

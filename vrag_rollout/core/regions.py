@@ -55,10 +55,6 @@ class Region:
     x2: float
     y2: float
 
-    @property
-    def center(self) -> tuple[float, float]:
-        return (self.x1 + self.x2) / 2, (self.y1 + self.y2) / 2
-
 
 def _extent(frame: str, shown_size: Optional[Sequence[int]]) -> tuple[float, float]:
     if frame == RELATIVE_1000:

@@ -17,24 +17,25 @@ final token of every "length" episode is a sampled one.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from .actions import Answer, Crop, Fetch, Invalid, Search, Stop, parse_action
 from .episode import Episode
 from .observation import Observation, ObservationBuilder, Overflow
 from .tool_turns import ToolCalls, final_answer, has_open_call, parse_tool_calls
+from ..turn_output import LENGTH, STOP, TurnOutput
 
 
 def after_generation(
     episode: Episode,
-    output: Any,
+    output: TurnOutput,
     *,
     last_turn: bool,
     fetch_modes: Sequence[str],
     observations: ObservationBuilder,
     regions: bool = False,
 ) -> Optional[Search | Fetch | Crop]:
-    """Append `output` (an engine.TurnOutput) and settle its action; returns it when it needs
+    """Append `output` (a `TurnOutput`) and settle its action; returns it when it needs
     the retriever, else None (the episode ended, or was corrected and may generate again)."""
     episode.append_sampled(output.token_ids, output.logprobs)
     action = parse_action(output.text, output.finish_reason, output.stop_reason, fetch_modes, regions)
@@ -57,7 +58,7 @@ def after_generation(
     return action
 
 
-def after_tool_call_turn(episode: Episode, output: Any, *, last_turn: bool, turn_end: int,
+def after_tool_call_turn(episode: Episode, output: TurnOutput, *, last_turn: bool, turn_end: int,
                          regions: bool = False) -> Optional[ToolCalls]:
     """The native tool-call format's step: a turn ends at the end-of-turn token `turn_end`
     (`<|im_end|>`); its `<tool_call>` blocks are the actions (invalid ones included, each gets an
@@ -65,12 +66,12 @@ def after_tool_call_turn(episode: Episode, output: Any, *, last_turn: bool, turn
     that ended any other way (the length limit, another EOS, an abort) ends the episode: the
     chat format cannot continue after it. `crop` calls are actions only with `regions`."""
     episode.append_sampled(output.token_ids, output.logprobs)
-    if output.finish_reason == "length":
+    if output.finish_reason == LENGTH:
         episode.calls_cut += int(has_open_call(output.text))
         episode.finish("length")
         return None
-    if output.finish_reason != "stop" or not output.token_ids or output.token_ids[-1] != turn_end:
-        episode.finish("eos" if output.finish_reason == "stop" else "abort")
+    if output.finish_reason != STOP or not output.token_ids or output.token_ids[-1] != turn_end:
+        episode.finish("eos" if output.finish_reason == STOP else "abort")
         return None
     calls = parse_tool_calls(output.text, regions)
     if not calls:

@@ -8,6 +8,5 @@ nothing of `core/`, `retrieval/` or `rollout/`.
 - `group_sync`: tensor-parallel ranks kept in lockstep over vLLM's TP group.
 - `input_norms`: repairs to an engine whose weights a trainer syncs in (vision input norms).
 - `weights`: syncing a trainer's Hugging Face weights into the running engine, and the logprob check that it serves them.
-- `token_server`: token-in/token-out generate calls over a local `LLM`, answering as verl's vLLM server does.
-- `async_token_server`: the same over vLLM's async engine, continuously batching concurrent trajectories (benchmarks).
+- `stand_ins`: verl's vLLM server played in this process, for `scripts/check_verl.py`, the tests and the benchmarks.
 """

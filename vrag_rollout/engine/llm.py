@@ -14,14 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
 
-
-@dataclass(frozen=True)
-class TurnOutput:
-    token_ids: tuple[int, ...]
-    text: str
-    finish_reason: str  # "stop" | "length" | "abort"
-    stop_reason: object  # a stop string, an EOS token id, or None (the tokenizer's EOS)
-    logprobs: Optional[tuple[float, ...]] = None
+from ..turn_output import ABORT, TurnOutput
 
 
 # Start-up warnings that say nothing on a machine without a GPU, as (logger, message start): vLLM
@@ -311,7 +304,7 @@ def _turn_output(completion: Any) -> TurnOutput:
     return TurnOutput(
         token_ids=tuple(completion.token_ids),
         text=completion.text,
-        finish_reason=completion.finish_reason or "abort",
+        finish_reason=completion.finish_reason or ABORT,
         stop_reason=completion.stop_reason,
         logprobs=logprobs,
     )

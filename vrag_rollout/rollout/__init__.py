@@ -3,7 +3,8 @@
 Rule (tests/test_layers.py): may import every layer below it (`core/`, `engine/`,
 `retrieval/`); nothing below imports `rollout/`.
 
-- `agent`: `BaseRollout`, `vLLMRollout`, `vLLMRolloutAgent` (re-exported here: `vrag_rollout.rollout` keeps working).
+- `agent`: `BaseRollout`, `vLLMRollout`, `vLLMRolloutAgent`: an engine and a driver each (re-exported here: `vrag_rollout.rollout` keeps working).
+- `driver`: `EpisodeDriver`, the per-turn and per-batch work of every trainer's rollout, engine-free.
 - `schedules`: the turn-synchronized and continuous schedules and the one-episode coroutine, over one per-turn step (the `Driver` protocol).
 - `formats`: one object per action format (tags, native tool calls), looked up once.
 - `tools`: executing a turn's tool calls and building their observations.

@@ -1,45 +1,27 @@
 """The rollout classes a trainer calls: `BaseRollout`, `vLLMRollout`, `vLLMRolloutAgent`.
 
-They compose the pure modules (episode, step, observation, batch) with the two I/O edges (the
-vLLM engine and the retriever client) and run one of the two schedules (`schedules.py`), which
-drive every sample through the same per-turn hooks defined here (the schedules' `Driver`
-protocol); what differs per action format is the rollout's format object (`formats.py`).
+Each holds a vLLM engine and an `EpisodeDriver` (`driver.py`: everything per turn and per batch,
+engine-free) and runs one of the two schedules (`schedules.py`) with them. `vLLMRollout` is the
+single-turn rollout with EasyR1's semantics; `vLLMRolloutAgent` is the multi-turn agent over a
+page-image retriever, in either action format (`formats.py`). The EasyR1 worker reaches the
+engine as `inference_engine` and calls `generate_sequences` and `update_sampling_params`.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional, Sequence
-
-import torch
-from tensordict import TensorDict
+from typing import Any, Iterator, Optional
 
 from ..config import AgentRolloutConfig
-from ..core import step
-from ..core.actions import Crop, Fetch, Search
-from ..core.batch import BatchSpec, collect_metrics, episode_columns, response_position_ids, response_tensors
-from ..core.episode import Episode
-from ..core.observation import ObservationBuilder, VisionTokens
-from ..core.prompt_images import engine_images, image_key, prompt_entries
-from ..core.vision import narrowed_band
-from ..core.serial_tokenizer import private_copy
-from ..engine.group_sync import LocalSync, sync_for
 from ..engine.llm import VLLMEngine, build_llm, check_engine_limits
-from ..engine.sampling import BANNED_LOGIT_BIAS, SamplingPlan, data_parallel_rank, overrides_from_meta, request_seed
-from ..families import detect_family, logits_width, padded_token_ids
-from ..protocol import object_array
-from .formats import FORMATS
-from .schedules import ScheduleClock, call_within, run_continuous, run_turn_synchronized
+from ..engine.sampling import overrides_from_meta
+from ..families import detect_family, logits_width
+from .driver import EpisodeDriver
+from .schedules import ScheduleClock, run_continuous, run_turn_synchronized
 
 logger = logging.getLogger(__name__)
-
-
-# Seconds a tool batch may take beyond the retriever's own deadline: decoding and resizing its
-# pages and building the observations (milliseconds a page; this only bounds a stuck thread).
-DECODE_SLACK_S = 60.0
 
 
 class BaseRollout(ABC):
@@ -50,385 +32,73 @@ class BaseRollout(ABC):
 
 def _logits_width(engine: Any, model_path: str) -> Optional[int]:
     """The engine's own vocabulary size (what vLLM checks a logit bias against), else the local
-    checkpoint's (an engine in another process: verl's server)."""
+    checkpoint's."""
     vocab_size = getattr(getattr(getattr(engine, "llm_engine", None), "model_config", None), "get_vocab_size", None)
     return vocab_size() if vocab_size is not None else logits_width(model_path)
 
 
 class vLLMRollout(BaseRollout):
-    """Single-turn rollout with EasyR1's semantics: n samples per prompt, adjacent."""
+    """Single-turn rollout with EasyR1's semantics: n samples per prompt, adjacent.
 
-    stop_strings: Sequence[str] = ()
+    `driver_class` builds the rollout's driver: a subclass of `EpisodeDriver` changes what the
+    rollout does per turn (e.g. a test's sampling parameters for one turn)."""
+
+    driver_class: type = EpisodeDriver
+    with_tools = False
 
     def __init__(self, model_path: str, config: Any, tokenizer: Any, processor: Any = None, *,
                  inference_engine: Any = None, data_parallel_rank: Optional[int] = None,
-                 group_sync: Any = None, **kwargs: Any):
-        self.config = AgentRolloutConfig.from_any(config)
-        if self.config.response_length < 1 or self.config.prompt_length < 1:
+                 group_sync: Any = None, retriever: Any = None, **kwargs: Any):
+        config = AgentRolloutConfig.from_any(config)
+        if config.response_length < 1 or config.prompt_length < 1:
             raise ValueError("prompt_length and response_length must be set (> 0) in the rollout config")
-        # Before the engine starts: an unsupported model fails here, naming the supported families.
-        self.family = detect_family(model_path, processor)
-        # Tool threads tokenize too: every use goes through the tokenizer's lock, on a copy of the
-        # caller's tokenizer (the trainer tokenizes with its own, without the lock, and a failed
-        # call's tool threads may still be finishing when it does).
-        self.tokenizer = private_copy(tokenizer)
-        self.processor = processor
-        self.vision_tokens = VisionTokens.from_tokenizer(self.tokenizer)
-        self.max_images = self.config.images_per_sample()
-        self.inference_engine = inference_engine or build_llm(model_path, self.config, self.max_images)
-        self.logprobs_mode = check_engine_limits(self.config, self.inference_engine)
-        # The ranks of a tensor-parallel group must see identical tool outcomes (group_sync.py).
-        self.sync = group_sync or sync_for(self.config.tensor_parallel_size) or LocalSync()
+        detect_family(model_path, processor)  # before the engine starts: an unsupported model fails here
+        self.inference_engine = inference_engine or build_llm(model_path, config, config.images_per_sample())
         self.engine = VLLMEngine(self.inference_engine)
-        self.sampling = SamplingPlan(
-            self.config,
-            # vision tokens, and the padded embedding rows no text decodes to (released checkpoints)
-            banned_token_ids=self.vision_tokens.banned + padded_token_ids(
-                _logits_width(self.inference_engine, model_path), len(self.tokenizer)),
-            stop=self.stop_strings,
-            action_regex=self.config.action_regex,
-            first_turn_regex=self.config.first_turn_action_regex,
-            logprobs=self.config.calculate_log_probs,
-        )
-        self.observations = ObservationBuilder(
-            self.tokenizer, self.vision_tokens, max_text_tokens=self.config.max_fetch_text_tokens
-        )
-        self.merge_size = _merge_size(processor)
-        self._calls = 0  # rollout calls started so far
-        self.call_number = 0  # the number of the current call: part of every request seed
-        # Also part of every seed: the same prompt on two data-parallel ranks gets other noise.
-        self.dp_rank = data_parallel_rank if data_parallel_rank is not None else _dp_rank(self.config)
+        self.driver = self.driver_class(
+            model_path, config, tokenizer, processor, logits_width=_logits_width(self.inference_engine, model_path),
+            tools=self.with_tools, retriever=retriever, data_parallel_rank=data_parallel_rank, group_sync=group_sync)
+        self.driver.logprobs_mode = self.logprobs_mode = check_engine_limits(self.driver.config, self.inference_engine)
+        # What callers read of the rollout: its settings, model and tokenizer (the driver's own).
+        self.config, self.family = self.driver.config, self.driver.family
+        self.tokenizer, self.processor = self.driver.tokenizer, processor
 
     @contextmanager
     def update_sampling_params(self, **kwargs: Any) -> Iterator[None]:
         """Override sampling settings for the duration of one call (as EasyR1 does)."""
-        with self.sampling.overridden(**kwargs):
+        with self.driver.sampling.overridden(**kwargs):
             yield
 
-    @property
-    def max_turns(self) -> int:
-        return 1
-
     def generate_sequences(self, prompts: Any) -> Any:
+        driver = self.driver
         clock = ScheduleClock()
-        # The call's number is taken before anything can fail: no seed or request id of a failed
-        # call is used again by the next one.
-        self.call_number, self._calls = self._calls, self._calls + 1
+        driver.start_call()
         with self.update_sampling_params(**overrides_from_meta(prompts.meta_info)):
-            n = self.sampling.n  # an override of n holds for this call only
-            episodes = self._episodes(prompts, n)
-            self._before_rollout(prompts.meta_info)
+            n = driver.sampling.n  # an override of n holds for this call only
+            episodes = driver.episodes(prompts, n)
+            driver.before_rollout(prompts.meta_info)
             if self.config.rollout_mode == "continuous":
-                run_continuous(self, episodes, clock, max_inflight=max(1, self.config.retriever_max_concurrency))
+                run_continuous(driver, self.inference_engine, episodes, clock,
+                               max_inflight=max(1, self.config.retriever_max_concurrency))
             else:
-                run_turn_synchronized(self, episodes, clock)
+                run_turn_synchronized(driver, self.engine, episodes, clock)
             for episode in episodes:
                 episode.finish("max_turns")  # no-op for episodes that already ended
-        return self._assemble(prompts, episodes, n, clock)
-
-    # ---- one turn of one sample (the shared, pure step) ----
-    def ready(self, episode: Episode) -> bool:
-        return step.ready(episode)
-
-    def request(self, episode: Episode, turn: int) -> tuple:
-        seed = request_seed(self.sampling.seed, self.call_number, episode.index, turn, self.dp_rank)
-        return episode.engine_prompt(), self.sampling.params(episode.remaining, seed, first_turn=turn == 0)
-
-    def after_generation(self, episode: Episode, output: Any, turn: int) -> Any:
-        """Append the sampled tokens and settle the action; returns it when it needs the retriever."""
-        return step.after_generation(
-            episode, output, last_turn=turn == self.max_turns - 1,
-            fetch_modes=self.config.fetch_modes, observations=self.observations,
-        )
-
-    def _before_rollout(self, meta: dict) -> None:
-        pass
-
-    def execute_tools(self, calls: list) -> list:
-        """Observations for a batch of tool calls: the source rank's outcomes, decoded here."""
-        room = self.room(calls)
-        outcomes = self.sync.share(lambda: call_within(lambda: self.tool_outcomes(calls), self.tool_deadline_s))
-        return self.observe_outcomes(calls, outcomes, room)
-
-    @staticmethod
-    def room(calls: list) -> list[tuple[int, int]]:
-        """(response budget, image slots) of each call's episode, read on the loop thread when the
-        calls go out: what their observations may fill (a tool thread reads no episode)."""
-        return [(episode.remaining, episode.image_slots) for episode, _ in calls]
-
-    @property
-    def tool_deadline_s(self) -> Optional[float]:
-        """How long one batch of tool calls may take; None when no retriever states a bound."""
-        return None
-
-    def tool_outcomes(self, calls: list) -> list:
-        raise RuntimeError("this rollout has no tools")  # no stop strings: tool calls cannot occur
-
-    def observe_outcomes(self, calls: list, outcomes: list, room: list) -> list:
-        raise RuntimeError("this rollout has no tools")
-
-    def apply_tools(self, calls: list, results: list) -> None:
-        raise RuntimeError("this rollout has no tools")
-
-    # ---- input and output ----
-    def _episodes(self, prompts: Any, n: int) -> list[Episode]:
-        input_ids = prompts.batch["input_ids"]
-        attention = prompts.batch["attention_mask"]
-        raw_ids = prompts.non_tensor_batch.get("raw_prompt_ids")
-        entries = prompt_entries(prompts.non_tensor_batch.get("multi_modal_data"), len(input_ids))
-        doc_ids = self._doc_ids(prompts)
-        episodes = []
-        for row in range(len(input_ids)):
-            engine_ids = list(raw_ids[row]) if raw_ids is not None else self._collapse(input_ids[row], attention[row])
-            images = engine_images(entries[row], prompts.meta_info)
-            for copy in range(n):
-                episodes.append(
-                    Episode(
-                        index=row * n + copy,
-                        prompt_engine_ids=engine_ids,
-                        prompt_images=images,
-                        doc_id=doc_ids[row],
-                        response_length=self.config.response_length,
-                        max_images=self.max_images,
-                    )
-                )
-        return episodes
-
-    def _doc_ids(self, prompts: Any) -> list[Optional[str]]:
-        return [None] * len(prompts.batch["input_ids"])
-
-    def _collapse(self, ids: torch.Tensor, mask: torch.Tensor) -> list[int]:
-        """Left padding removed and each expanded image pad run collapsed to one pad."""
-        pad = self.vision_tokens.image_pad
-        out: list[int] = []
-        for token in ids[mask.bool()].tolist():
-            if token == pad and out and out[-1] == pad:
-                continue
-            out.append(token)
-        return out
-
-    def _client_stats(self) -> dict:
-        return {}
-
-    def _assemble(self, prompts: Any, episodes: list[Episode], n: int, clock: ScheduleClock) -> Any:
-        meta = prompts.meta_info
-        spec = BatchSpec(
-            response_length=self.config.response_length,
-            pad_token_id=_pad_token_id(meta, self.tokenizer),
-            image_pad_id=self.vision_tokens.image_pad,
-            merge_size=self.merge_size,
-            position_layout=self.config.position_ids_layout,
-            image_key=image_key(prompts.non_tensor_batch.get("multi_modal_data")),
-            with_logprobs=self.config.calculate_log_probs,
-        )
-        prompt_ids = prompts.batch["input_ids"].repeat_interleave(n, dim=0)
-        prompt_mask = prompts.batch["attention_mask"].repeat_interleave(n, dim=0)
-        prompt_positions = prompts.batch["position_ids"].repeat_interleave(n, dim=0)
-        tensors = response_tensors(episodes, spec)
-        tensors["response_mask"] = tensors["response_mask"].to(prompt_mask.dtype)
-        tensors["loss_mask"] = tensors["loss_mask"].to(prompt_mask.dtype)
-        tensors.update(
-            prompts=prompt_ids,
-            input_ids=torch.cat([prompt_ids, tensors["responses"]], dim=-1),
-            attention_mask=torch.cat([prompt_mask, tensors["response_mask"]], dim=-1),
-            position_ids=response_position_ids(prompt_positions, prompt_mask, episodes, spec),
-        )
-        entries = prompt_entries(prompts.non_tensor_batch.get("multi_modal_data"), len(prompt_ids) // n)
-        non_tensors = episode_columns(episodes, [entries[ep.index // n] for ep in episodes], spec)
-        for key in self._passthrough_columns(prompts):
-            non_tensors[key] = object_array([prompts.non_tensor_batch[key][ep.index // n] for ep in episodes])
-        meta_out = dict(meta)
-        timing = clock.metrics()
-        meta_out["metrics"] = collect_metrics(episodes, self._client_stats(), time.perf_counter() - clock.started)
-        meta_out["metrics"].update(timing)
-        meta_out.update(self.rollout_meta())
-        return type(prompts)(
-            batch=TensorDict(tensors, batch_size=[len(episodes)]),
-            non_tensor_batch=non_tensors,
-            meta_info=meta_out,
-        )
-
-    def rollout_meta(self) -> dict:
-        """What a checker needs to know of how the batch was sampled (its `meta_info` entries)."""
-        meta: dict = {"model_family": self.family.name,
-                      # Under a grammar vLLM's logprobs are those of the constrained distribution (README).
-                      "action_grammar": self.sampling.constrained}
-        if self.config.calculate_log_probs:
-            meta["rollout_log_probs_mode"] = self.logprobs_mode or "unknown"
-            # What the sampled distribution had applied, for checkers that recompute it.
-            meta["logit_bias"] = {int(token): BANNED_LOGIT_BIAS for token in self.sampling.banned}
-        meta.update(self._band_meta())
-        return meta
-
-    def _passthrough_columns(self, prompts: Any) -> list[str]:
-        return []
-
-    def _band_meta(self) -> dict:
-        return {}
+        output = driver.assemble(prompts, episodes, n, clock)
+        warning = driver.failure_warning(output.meta_info["metrics"])
+        if warning is not None:
+            logger.warning("%s", warning)
+        return output
 
 
 class vLLMRolloutAgent(vLLMRollout):
     """Multi-turn search/fetch agent over a page-image retriever, in the tag action format or the
     model's native tool-call format (`action_format`)."""
 
+    with_tools = True
+
     def __init__(self, model_path: str, config: Any, tokenizer: Any, processor: Any, *,
                  inference_engine: Any = None, retriever: Any = None, **kwargs: Any):
-        format_class = FORMATS[AgentRolloutConfig.from_any(config).action_format]
-        self.stop_strings = format_class.stop_strings_for(AgentRolloutConfig.from_any(config))
-        super().__init__(model_path, config, tokenizer, processor, inference_engine=inference_engine, **kwargs)
-        from ..core.vision import page_band
-        from .tools import Observer
-
-        if processor is None:
-            raise ValueError("vLLMRolloutAgent needs the model's processor (page grids must match the actor's)")
-        self.band = page_band(processor, self.config.page_min_pixels, self.config.page_max_pixels)
-        self.retriever = retriever or self._default_retriever()
-        self.observer = Observer(self.observations, self.band)
-        self.format = format_class(self.config, self.tokenizer, grounding_frame=self.family.grounding_frame)
-        self.sampling.banned.extend(self.format.banned_token_ids)
-        # {doc_id: page count (None: the retriever could not list)} the retriever was seen to serve
-        self.documents_confirmed: dict = {}
-
-    def generate_sequences(self, prompts: Any) -> Any:
-        from ..retrieval.preflight import failure_rate_warning
-
-        output = super().generate_sequences(prompts)
-        warning = failure_rate_warning(output.meta_info["metrics"], self.config.retriever_failure_warn_rate)
-        if warning is not None:
-            logger.warning("%s", warning)
-        return output
-
-    def after_generation(self, episode: Episode, output: Any, turn: int) -> Any:
-        return self.format.after_generation(episode, output, last_turn=turn == self.max_turns - 1,
-                                            observations=self.observations)
-
-    @property
-    def max_turns(self) -> int:
-        return self.config.max_turns
-
-    @property
-    def tool_deadline_s(self) -> Optional[float]:
-        # The client's own bound on one call, plus room to decode the pages it returns.
-        bound = getattr(self.retriever, "deadline_s", None)
-        return None if bound is None else float(bound) + DECODE_SLACK_S
-
-    def _default_retriever(self) -> Any:
-        from ..retrieval.client import RetrieverClient
-
-        config = self.config
-        transport = None
-        if config.retriever_fixtures:
-            from ..retrieval.fixtures import FixtureTransport
-
-            transport = FixtureTransport.load(config.retriever_fixtures)
-        return RetrieverClient(
-            config.retriever_url,
-            timeout=config.retriever_timeout,
-            retries=config.retriever_retries,
-            max_concurrency=config.retriever_max_concurrency,
-            api_key=config.retriever_api_key,
-            transport=transport,
-        )
-
-    def _episodes(self, prompts: Any, n: int) -> list[Episode]:
-        episodes = super()._episodes(prompts, n)
-        # Decoding is the format's business: only the one that checks prompts pays for it.
-        self.format.check_prompts([episode.prompt_engine_ids for episode in episodes[::n]], self.tokenizer)
-        self.preflight(self._doc_ids(prompts), self._page_counts(prompts))
-        return episodes
-
-    def preflight(self, doc_ids: list[Optional[str]], page_counts: Optional[list] = None) -> None:
-        """Refuse (or warn about) a batch the retriever cannot serve, before any sampling. The
-        source rank asks; every rank of a tensor-parallel group gets its answer."""
-        from ..retrieval.preflight import enforce, preflight_problem
-
-        mode = self.config.retriever_preflight
-        if mode == "off":
-            return
-        problem = self.sync.share(
-            lambda: preflight_problem(self.retriever, doc_ids, self.documents_confirmed, page_counts))
-        enforce(problem, mode, logger)
-
-    def _doc_ids(self, prompts: Any) -> list[Optional[str]]:
-        key = self.config.doc_id_key
-        column = prompts.non_tensor_batch.get(key)
-        if column is None:
-            raise ValueError(
-                f"the prompts carry no {key!r} column: the agent searches inside each sample's document, "
-                f"so the trainer must pop {key!r} into the generation batch (see docs/easyr1.md)"
-            )
-        return [None if value is None else str(value) for value in column]
-
-    def _page_counts(self, prompts: Any) -> Optional[list]:
-        """The page counts the data recorded per sample (None where it recorded none), or None
-        for a batch without the column."""
-        column = prompts.non_tensor_batch.get(self.config.page_count_key)
-        if column is None:
-            return None
-        from ..retrieval.preflight import page_count_value
-
-        return [page_count_value(value) for value in column]
-
-    def _passthrough_columns(self, prompts: Any) -> list[str]:
-        return [self.config.doc_id_key]
-
-    def _band_meta(self) -> dict:
-        """The pixel band pages were resized into in this call (after the trainer's narrowing)."""
-        return {"page_pixel_band": (self.observer.band.min_pixels, self.observer.band.max_pixels)}
-
-    def _before_rollout(self, meta: dict) -> None:
-        stats = getattr(self.retriever, "stats", None)
-        if stats is not None:
-            stats.reset()
-        # The actor rescales every image into the trainer's data pixel band before its processor
-        # runs: pages must already lie inside it or their grids would change under the actor.
-        self.observer.band = narrowed_band(self.band, meta.get("min_pixels"), meta.get("max_pixels"))
-
-    def _client_stats(self) -> dict:
-        stats = getattr(self.retriever, "stats", None)
-        return stats.snapshot() if stats is not None else {}
-
-    def tool_outcomes(self, calls: list) -> list:
-        """The retriever's outcomes (pages or failures) for a batch of calls, per call as the
-        format groups them; pure I/O."""
-        from .tools import call_retriever
-
-        flat = call_retriever(self.format.requests(calls), self.retriever, self.config.top_n, band=self.observer.band)
-        return self.format.regroup(calls, flat)
-
-    def observe_outcomes(self, calls: list, outcomes: list, room: list) -> list:
-        """Pages decoded and observations built for each call, within the `room` each episode had
-        when the calls went out (no episode is read or changed: this may run in a tool thread)."""
-        return self.format.observe(self.observer, calls, outcomes, room)
-
-    def apply_tools(self, calls: list, results: list) -> None:
-        for (episode, action), result in zip(calls, results):
-            if isinstance(action, Search):
-                episode.searches += 1
-            elif isinstance(action, Fetch):
-                episode.fetches += 1
-            elif isinstance(action, Crop):
-                episode.crops += 1
-            episode.searches += result.searches
-            episode.fetches += result.fetches
-            episode.crops += result.crops
-            episode.retriever_errors += int(result.retriever_error)
-            episode.bad_requests += int(result.bad_request)
-            episode.undecodable_pages += result.decode_errors
-            step.observe(episode, result.observation, result.overflow)
-
-
-def _dp_rank(config: AgentRolloutConfig) -> int:
-    return data_parallel_rank(config.tensor_parallel_size)
-
-
-def _merge_size(processor: Any) -> int:
-    image_processor = getattr(processor, "image_processor", processor)
-    return int(getattr(image_processor, "merge_size", 2) or 2)
-
-
-def _pad_token_id(meta: dict, tokenizer: Any) -> int:
-    pad = meta.get("pad_token_id", tokenizer.pad_token_id)
-    if pad is None:
-        pad = tokenizer.eos_token_id
-    return int(pad)
+        super().__init__(model_path, config, tokenizer, processor, inference_engine=inference_engine,
+                         retriever=retriever, **kwargs)
+        self.retriever = self.driver.retriever

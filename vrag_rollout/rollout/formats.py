@@ -1,6 +1,6 @@
 """Action formats: everything the rollout does differently per format, in one object each.
 
-A format is looked up once, when the rollout is built (`action_format(config, tokenizer)`), and
+A format is looked up once, when the rollout is built (`FORMATS[config.action_format]`), and
 the rollout and its schedules call it without asking which one it is. A third format is one new
 class here and one entry in `FORMATS`.
 
@@ -127,11 +127,6 @@ def _resolved(action: Any, episode: Episode, frame: str, earlier_calls: Sequence
         if any(isinstance(c, Search) or (isinstance(c, Fetch) and c.modality == "image") for c in earlier_calls):
             return RegionError(f"{error}; a page this turn's own calls show can be cropped from the next turn on")
         return error
-
-
-def action_format(config: Any, tokenizer: Any) -> Any:
-    """The format object of `config.action_format` (the config validated the name)."""
-    return FORMATS[config.action_format](config, tokenizer)
 
 
 def _read_template(path: str) -> str:

@@ -1,5 +1,6 @@
-"""The rollout schedules. Each drives the one per-sample step (`step.py`) through the rollout
-that runs them, so what an episode contains never depends on the schedule.
+"""The rollout schedules. Each drives the one per-sample step (`step.py`) through the rollout's
+episode driver (`driver.py`), so what an episode contains never depends on the schedule; the
+engine is handed to the schedule beside the driver.
 
 - `run_turn_synchronized`: every turn, one generate call for all active samples, then one
   retriever request per tool kind. A turn waits for its slowest sample and its slowest call.
@@ -28,7 +29,7 @@ values; the loop applies them. Every wait for a tool batch has a deadline: the r
 (`driver.tool_deadline_s`), past which the call fails with `TimeoutError` (checked whenever the
 loop would block on the batch).
 
-The driver is the rollout (`agent.vLLMRollout`); what the schedules need of it is the `Driver`
+The driver is an `EpisodeDriver` (`driver.py`); what the schedules need of it is the `Driver`
 protocol below. `ScheduleClock` collects where the time went, for the batch's metrics.
 """
 
@@ -41,18 +42,17 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Optional, Protocol, TypeVar
 
-from ..engine.llm import ContinuousEngine, TurnOutput, VLLMEngine
+from ..engine.llm import ContinuousEngine, VLLMEngine
+from ..turn_output import TurnOutput
 from ..core.episode import Episode
 
 T = TypeVar("T")
 
 
 class Driver(Protocol):
-    """What a schedule needs of the rollout it runs: the engine and sync it uses, and the hooks
-    of one sample's turn (each delegating to the shared step, `core.step`)."""
+    """What a schedule needs of the driver it runs: the sync it uses, and the hooks of one
+    sample's turn (each delegating to the shared step, `core.step`)."""
 
-    engine: VLLMEngine  # the turn-synchronized engine
-    inference_engine: Any  # the `vllm.LLM`, for the continuous engine
     sync: Any  # engine.group_sync.LocalSync or GroupSync
     max_turns: int
     tool_deadline_s: Optional[float]  # the bound on one batch of tool calls (None: the retriever's own)
@@ -130,14 +130,14 @@ async def run_episode(driver: Driver, episode: Episode, generate: Callable[[dict
         driver.apply_tools(calls, results)
 
 
-def run_turn_synchronized(driver: Driver, episodes: list[Episode], clock: ScheduleClock) -> None:
+def run_turn_synchronized(driver: Driver, engine: VLLMEngine, episodes: list[Episode], clock: ScheduleClock) -> None:
     for turn in range(driver.max_turns):
         active = [ep for ep in episodes if driver.ready(ep)]
         if not active:
             break
         requests = [driver.request(ep, turn) for ep in active]
         started = time.perf_counter()
-        outputs = driver.engine.generate([r[0] for r in requests], [r[1] for r in requests])
+        outputs = engine.generate([r[0] for r in requests], [r[1] for r in requests])
         clock.engine += time.perf_counter() - started
         calls = [(ep, action) for ep, output in zip(active, outputs)
                  if (action := driver.after_generation(ep, output, turn)) is not None]
@@ -158,8 +158,9 @@ class _Batch:
     sent: float
 
 
-def run_continuous(driver: Driver, episodes: list[Episode], clock: ScheduleClock, max_inflight: int) -> None:
-    engine = ContinuousEngine(driver.inference_engine)
+def run_continuous(driver: Driver, llm: Any, episodes: list[Episode], clock: ScheduleClock, max_inflight: int) -> None:
+    """The continuous schedule (module docstring) on `llm`, a `vllm.LLM`."""
+    engine = ContinuousEngine(llm)
     turns = {ep.index: 0 for ep in episodes}
     # On one rank the tool thread decodes the pages too; across ranks every rank decodes the
     # source's broadcast outcomes itself (decoding is deterministic, thread timing is not).

@@ -5,10 +5,11 @@ verl (volcengine, `verl.experimental.agent_loop`) runs one `AgentLoopBase` per t
 and logprobs out) and returns an `AgentLoopOutput`, which verl's worker pads, batches and gives
 positions (the family's `get_rope_index`) and processor inputs (from the images).
 
-Here each trajectory is one `Episode` driven by `schedules.run_episode` through a
-`vLLMRolloutAgent` shared by the process's loops: the same per-turn step, action formats,
-budget, observations, retriever client, sampling plan and seeds as the EasyR1 rollout; only the
-engine is verl's. The output carries the trainer view: prompt and response ids with every image's
+Here each trajectory is one `Episode` driven by `schedules.run_episode` through an
+`EpisodeDriver` shared by the process's loops (`shared_driver`): the same per-turn step, action
+formats, budget, observations, retriever client, sampling plan and seeds as the EasyR1 rollout,
+which holds the same driver; only the engine is verl's (`ServerDriver` writes each turn's
+sampling parameters in verl's server conventions). The output carries the trainer view: prompt and response ids with every image's
 pad run expanded, the loss mask as `response_mask`, the rollout logprobs (0 on observations),
 the images in sequence order as `multi_modal_data["images"]`, and per-episode facts in
 `extra_fields` (`termination_reason`, `page_ids`, `budget_overflow`, ...).
@@ -57,8 +58,10 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from ...core.episode import Episode
 from ...core.tool_turns import tools_for
 from ...data.prompts import expand_pads
-from ...rollout.agent import vLLMRolloutAgent
+from ...engine.sampling import request_seed
+from ...families import logits_width
 from ...rollout import tool_batcher
+from ...rollout.driver import EpisodeDriver
 from ...rollout.schedules import ScheduleClock, run_episode
 from .images import prompt_images
 from .turns import turn_output
@@ -69,8 +72,8 @@ FROM_VERL = ("prompt_length", "response_length", "temperature", "top_p", "top_k"
 SAMPLE_COLUMN = "vrag_sample"
 VERL_LOGPROBS_MODE = "processed_logprobs"  # verl's rollout.logprobs_mode default
 
-_agents: dict = {}
-_agents_lock = threading.Lock()
+_drivers: dict = {}
+_drivers_lock = threading.Lock()
 _preflight_lock = threading.Lock()
 ROW_SAMPLES = 1 << 20  # row-given sample indices (`vrag_sample`) stay below this
 
@@ -102,13 +105,6 @@ def trajectory_number() -> int:
     return _trajectory_numbers.next()
 
 
-class TrainerEngine:
-    """Stands where the rollout keeps its vLLM engine: verl's server holds the engine, and the
-    loop reaches it only through `server_manager.generate`."""
-
-    llm_engine = None
-
-
 def agent_config(rollout_config: Any, vrag: dict) -> dict:
     """The `AgentRolloutConfig` fields: verl's lengths and sampling settings, then `vrag`'s own."""
     taken = {key: rollout_config.get(key) for key in FROM_VERL if rollout_config.get(key) is not None}
@@ -118,15 +114,29 @@ def agent_config(rollout_config: Any, vrag: dict) -> dict:
     return {**vrag, **taken, "n": 1}
 
 
-def shared_agent(model_path: str, settings: dict, tokenizer: Any, processor: Any) -> vLLMRolloutAgent:
-    """One rollout per process and settings: its retriever client, observer and sampling plan are
-    shared by every trajectory's loop (each is thread-safe; episodes are the loops' own)."""
+class ServerDriver(EpisodeDriver):
+    """The episode driver with verl's sampling-parameter conventions: a dict (verl's server
+    builds the SamplingParams) and `logprobs` as a flag; every trajectory is call 0 (its sample
+    number makes its seeds its own)."""
+
+    def request(self, episode: Episode, turn: int) -> tuple:
+        seed = request_seed(self.sampling.seed, 0, episode.index, turn, self.dp_rank)
+        params = self.sampling.params_kwargs(episode.remaining, seed, first_turn=turn == 0)
+        params.pop("n", None)
+        params["logprobs"] = "logprobs" in params
+        return episode.engine_prompt(), params
+
+
+def shared_driver(model_path: str, settings: dict, tokenizer: Any, processor: Any) -> ServerDriver:
+    """One driver per process and settings: its retriever client, observer and sampling plan are
+    shared by every trajectory's loop (each is thread-safe; episodes are the loops' own). The
+    engine is verl's, in another process: the padded rows to ban are the checkpoint's."""
     key = (model_path, json.dumps(settings, sort_keys=True, default=str))
-    with _agents_lock:
-        if key not in _agents:
-            _agents[key] = vLLMRolloutAgent(model_path, settings, tokenizer, processor,
-                                            inference_engine=TrainerEngine())
-        return _agents[key]
+    with _drivers_lock:
+        if key not in _drivers:
+            _drivers[key] = ServerDriver(model_path, settings, tokenizer, processor,
+                                         logits_width=logits_width(model_path))
+        return _drivers[key]
 
 
 def end_of_sequence_ids(tokenizer: Any, model_path: str) -> tuple[int, ...]:
@@ -159,11 +169,11 @@ def partial_rollouts_on(server_manager: Any, trainer_config: Any) -> bool:
     return bool(setting)
 
 
-def refuse_grammar_under_partial_rollouts(agent: vLLMRolloutAgent, server_manager: Any, trainer_config: Any) -> None:
+def refuse_grammar_under_partial_rollouts(driver: EpisodeDriver, server_manager: Any, trainer_config: Any) -> None:
     """A resubmitted request matches its grammar again from the start after the partial text
     (`<th` + `<think>…`): the merged turn would be neither a sample of the grammar nor the turn an
     uninterrupted request gives. Refused before any trajectory samples."""
-    grammars = [name for name in ("action_regex", "first_turn_action_regex") if getattr(agent.config, name)]
+    grammars = [name for name in ("action_regex", "first_turn_action_regex") if getattr(driver.config, name)]
     if grammars and partial_rollouts_on(server_manager, trainer_config):
         raise ValueError(
             f"vrag_agent: {' and '.join(grammars)} (a grammar on the loop's turns) cannot be used with verl's "
@@ -181,21 +191,21 @@ class VragAgentLoop(AgentLoopBase):
         self.merge_tool_calls = merge_tool_calls
         self.model_path = model_path or str(self.config.actor_rollout_ref.model.path)
         settings = agent_config(self.rollout_config, dict(vrag or {}))
-        self.agent = shared_agent(self.model_path, settings, tokenizer, processor)
-        refuse_grammar_under_partial_rollouts(self.agent, server_manager, self.config)
-        self.eos_ids = end_of_sequence_ids(self.agent.tokenizer, self.model_path)
-        config = self.agent.config
-        self.rollout_meta = {**self.agent.rollout_meta(), "action_format": config.action_format,
+        self.driver = shared_driver(self.model_path, settings, tokenizer, processor)
+        refuse_grammar_under_partial_rollouts(self.driver, server_manager, self.config)
+        self.eos_ids = end_of_sequence_ids(self.driver.tokenizer, self.model_path)
+        config = self.driver.config
+        self.rollout_meta = {**self.driver.rollout_meta(), "action_format": config.action_format,
                              "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p}
         if config.calculate_log_probs:  # the engine is verl's: its logprobs mode is verl's setting
             self.rollout_meta["rollout_log_probs_mode"] = str(self.rollout_config.get("logprobs_mode",
                                                                                       VERL_LOGPROBS_MODE))
 
     async def run(self, sampling_params: dict, **kwargs: Any) -> AgentLoopOutput:
-        agent = self.agent
+        driver = self.driver
         sample = kwargs.get(SAMPLE_COLUMN)
         episode, prompt_ids = self._episode(kwargs, int(sample) if sample is not None else trajectory_number())
-        await asyncio.to_thread(self._preflight, episode.doc_id, kwargs.get(agent.config.page_count_key))
+        await asyncio.to_thread(self._preflight, episode.doc_id, kwargs.get(driver.config.page_count_key))
         request_id = uuid.uuid4().hex
         clock = ScheduleClock()
         steps: dict = {}  # the weight versions the turns were sampled with (verl's fully async trainer)
@@ -210,59 +220,58 @@ class VragAgentLoop(AgentLoopBase):
             if "max_global_steps" in versions:
                 steps["max_global_steps"] = versions["max_global_steps"]
             return turn_output(answer.token_ids, answer.log_probs, stop_reason=answer.stop_reason,
-                               max_tokens=params["max_tokens"], stop_strings=agent.stop_strings,
+                               max_tokens=params["max_tokens"], stop_strings=driver.stop_strings,
                                eos_ids=self.eos_ids,
-                               decode=lambda ids: agent.tokenizer.decode(ids, skip_special_tokens=True))
+                               decode=lambda ids: driver.tokenizer.decode(ids, skip_special_tokens=True))
 
-        driver = _ServerDriver(agent)
         # several batches at once only where execute_tools is this process's own (no rank broadcast to order)
-        width = agent.config.retriever_max_concurrency if agent.sync.is_local else 1
-        tools = tool_batcher.for_loop(agent, agent.execute_tools, width).execute if self.merge_tool_calls else None
+        width = driver.config.retriever_max_concurrency if driver.sync.is_local else 1
+        tools = tool_batcher.for_loop(driver, driver.execute_tools, width).execute if self.merge_tool_calls else None
         await run_episode(driver, episode, generate, clock, tools)
         episode.finish("max_turns")  # no-op for an episode that ended
         return self._output(episode, prompt_ids, clock, steps)
 
     def _preflight(self, doc_id: str, page_count: Any) -> None:
         """The rollout's retriever preflight (`retriever_preflight`) for this row's document, before
-        its first turn; each document is asked about once per process (the agent caches it)."""
+        its first turn; each document is asked about once per process (the driver caches it)."""
         from ...retrieval.preflight import page_count_value
 
         count = page_count_value(page_count)
-        with _preflight_lock:  # the agent's cache of confirmed documents is shared by every loop
-            self.agent.preflight([doc_id], None if count is None else [count])
+        with _preflight_lock:  # the driver's cache of confirmed documents is shared by every loop
+            self.driver.preflight([doc_id], None if count is None else [count])
 
     def _episode(self, row: dict, sample: int) -> tuple[Episode, list[int]]:
         """The row's episode and its prompt in the trainer's view (each image's pads expanded);
         a prompt longer than `prompt_length` is refused here (verl pads but never cuts it, and a
         longer row breaks its batch)."""
-        agent = self.agent
+        driver = self.driver
         messages = row["raw_prompt"]
         images = prompt_images(messages)
-        tools = {"tools": list(tools_for(agent.config))} if agent.config.action_format == "tool_call" else {}
-        template = Path(agent.config.chat_template).read_text(encoding="utf-8") if agent.config.chat_template else None
-        text = agent.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+        tools = {"tools": list(tools_for(driver.config))} if driver.config.action_format == "tool_call" else {}
+        template = Path(driver.config.chat_template).read_text(encoding="utf-8") if driver.config.chat_template else None
+        text = driver.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
                                                    chat_template=template, **tools)
-        ids = agent.tokenizer.encode(text, add_special_tokens=False)
-        doc_id = row.get(agent.config.doc_id_key)
+        ids = driver.tokenizer.encode(text, add_special_tokens=False)
+        doc_id = row.get(driver.config.doc_id_key)
         if doc_id is None:
-            raise ValueError(f"vrag_agent: the row has no {agent.config.doc_id_key!r} column: the agent searches "
+            raise ValueError(f"vrag_agent: the row has no {driver.config.doc_id_key!r} column: the agent searches "
                              "inside each sample's document (convert the dataset with its doc_id column)")
-        agent.format.check_prompts([ids], agent.tokenizer)
+        driver.format.check_prompts([ids], driver.tokenizer)
         grids = []
         if images:
-            found = agent.processor.image_processor(images=images, return_tensors="pt")
+            found = driver.processor.image_processor(images=images, return_tensors="pt")
             grids = [tuple(int(x) for x in grid) for grid in found["image_grid_thw"]]
-        prompt_ids = expand_pads(ids, grids, agent.vision_tokens.image_pad, agent.merge_size)
-        if len(prompt_ids) > agent.config.prompt_length:
+        prompt_ids = expand_pads(ids, grids, driver.vision_tokens.image_pad, driver.merge_size)
+        if len(prompt_ids) > driver.config.prompt_length:
             raise ValueError(f"vrag_agent: a prompt of {len(prompt_ids)} tokens (images expanded) exceeds "
-                             f"actor_rollout_ref.rollout.prompt_length={agent.config.prompt_length}: raise it, or "
+                             f"actor_rollout_ref.rollout.prompt_length={driver.config.prompt_length}: raise it, or "
                              "filter long prompts out of the dataset (data.filter_overlong_prompts)")
         episode = Episode(index=sample, prompt_engine_ids=ids, prompt_images=images, doc_id=str(doc_id),
-                          response_length=agent.config.response_length, max_images=agent.max_images)
+                          response_length=driver.config.response_length, max_images=driver.max_images)
         return episode, prompt_ids
 
     def _output(self, episode: Episode, prompt_ids: list[int], clock: ScheduleClock, steps: dict) -> AgentLoopOutput:
-        agent = self.agent
+        driver = self.driver
         images = list(episode.prompt_images) + [page.image for page in episode.images]
         extra = {"termination_reason": episode.termination, "page_ids": [list(p) for p in episode.page_ids],
                  "budget_overflow": episode.budget_overflow, "num_searches": episode.searches,
@@ -280,29 +289,7 @@ class VragAgentLoop(AgentLoopBase):
                  **steps}
         return AgentLoopOutput(
             prompt_ids=prompt_ids, response_ids=list(episode.response_ids), response_mask=list(episode.loss_mask),
-            response_logprobs=list(episode.logprobs) if agent.config.calculate_log_probs else None,
+            response_logprobs=list(episode.logprobs) if driver.config.calculate_log_probs else None,
             multi_modal_data={"images": images} if images else None, num_turns=episode.turns,
             metrics=AgentLoopMetrics(generate_sequences=clock.engine, tool_calls=clock.sample_tool_wait),
             extra_fields=extra)
-
-
-class _ServerDriver:
-    """The rollout's hooks with verl's sampling-parameter conventions: a dict (verl's server
-    builds the SamplingParams) and `logprobs` as a flag."""
-
-    def __init__(self, agent: vLLMRolloutAgent):
-        self.agent = agent
-        self.max_turns = agent.max_turns
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.agent, name)
-
-    def request(self, episode: Episode, turn: int) -> tuple:
-        from ...engine.sampling import request_seed
-
-        agent = self.agent
-        seed = request_seed(agent.sampling.seed, 0, episode.index, turn, agent.dp_rank)
-        params = agent.sampling.params_kwargs(episode.remaining, seed, first_turn=turn == 0)
-        params.pop("n", None)
-        params["logprobs"] = "logprobs" in params
-        return episode.engine_prompt(), params

@@ -26,7 +26,7 @@ def local_worker(model_dir: str, llm: Any, settings: dict) -> Any:
     from verl.utils.dataset.rl_dataset import RLHFDataset
     from verl.utils.tokenizer import hf_processor, hf_tokenizer
 
-    from ...engine.token_server import LocalTokenServer
+    from ...engine.stand_ins.token_server import LocalTokenServer
     from .agent_loop import AGENT_NAME, FROM_VERL
 
     from ...engine.llm import engine_limits

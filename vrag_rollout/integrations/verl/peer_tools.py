@@ -161,15 +161,3 @@ class FetchTool(_RetrieverTool):
     def _run(self, doc_id: str, parameters: dict) -> ToolResponse:
         (outcome,) = self.client.batch_fetch([FetchSpec(parameters["mode"], int(parameters["page"]))], [doc_id])
         return self._answer(outcome)
-
-
-def peer_tools(config: dict) -> list[BaseTool]:
-    """Both tools over one shared config (and so one retriever client)."""
-    config = dict(config)
-    if "client" not in config:
-        config["client"] = RetrieverClient(config["retriever_url"], timeout=float(config.get("timeout", 10.0)),
-                                           retries=int(config.get("retries", 2)),
-                                           max_concurrency=int(config.get("max_concurrency", 4)))
-    if "band" not in config:
-        config["band"] = _RetrieverTool._band(config)
-    return [SearchTool(config, None), FetchTool(config, None)]

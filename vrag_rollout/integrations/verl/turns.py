@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
-from ...engine.llm import TurnOutput
+from ...turn_output import ABORT, LENGTH, STOP, TurnOutput
 
 ABORTED = "aborted"  # verl's stop_reason for a request the server aborted
 
@@ -38,12 +38,12 @@ def turn_output(token_ids: Sequence[int], log_probs: Optional[Sequence[float]], 
         ids, logprobs = ids[:kept], logprobs[:kept] if logprobs is not None else None
         text = decode(list(ids))
         end, stop = first_stop(text, stop_strings)
-        return TurnOutput(ids, text[:end], "stop", stop, logprobs)
+        return TurnOutput(ids, text[:end], STOP, stop, logprobs)
     if ids and ids[-1] in eos_ids:
-        return TurnOutput(ids, text, "stop", None, logprobs)
+        return TurnOutput(ids, text, STOP, None, logprobs)
     if stop_reason != ABORTED and len(ids) >= max_tokens:
-        return TurnOutput(ids, text, "length", None, logprobs)
-    return TurnOutput(ids, text, "abort", None, logprobs)
+        return TurnOutput(ids, text, LENGTH, None, logprobs)
+    return TurnOutput(ids, text, ABORT, None, logprobs)
 
 
 def first_stop(text: str, stop_strings: Sequence[str]) -> Optional[tuple[int, str]]:

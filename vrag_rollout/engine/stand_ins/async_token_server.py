@@ -53,7 +53,7 @@ BANNED_LOGIT_BIAS = -100.0
 def llm_engine_kwargs(model_path: str, config: Any, max_images: int) -> dict:
     """The keyword arguments `build_llm(model_path, config, max_images)` passes to `create_llm`:
     read from build_llm itself, so the async engine gets exactly the synchronous one's."""
-    from . import llm
+    from .. import llm
 
     captured: dict = {}
     original = llm.create_llm
@@ -67,7 +67,7 @@ def llm_engine_kwargs(model_path: str, config: Any, max_images: int) -> dict:
 
 def create_async_engine(**llm_kwargs: Any) -> Any:
     """`AsyncLLM` from the same keyword arguments `create_llm` takes (vLLM's engine arguments)."""
-    from .llm import _modules_hidden_from_kernel_scan, configure_cpu_defaults
+    from ..llm import _modules_hidden_from_kernel_scan, configure_cpu_defaults
 
     configure_cpu_defaults()
     from vllm.engine.arg_utils import AsyncEngineArgs
