@@ -4,7 +4,12 @@ vrag_rollout: `core/` is pure (no engine, no retriever, no vllm, no HTTP library
 `engine/` imports vllm; `verify/` imports only `verify/`; `retrieval/` imports nothing of the
 episode logic, the engine or the rollout; `training/` (the policy update) only `core/`; nothing
 below `rollout/` imports it; no import cycle.
-retriever_server: the wire contract imports nothing; backends and encoders know nothing of HTTP.
+retriever_server, lowest layer first: `contract` (the wire contract) imports nothing; `storage/`
+(the index on disk) only itself; `encoders/` only itself; `backends/` storage and encoders;
+`indexing/` (building an index) those and never serving or HTTP; `serving/` (requests without
+HTTP) storage, backends and the contract; `api/` (the HTTP surface) serving and below, never
+indexing; only `cli` and `api/` import `api/`; `sample_corpus` imports nothing; no HTTP library
+below `api/`; no import cycle.
 Each rule is also shown to fail on a planted violation, so the checker itself can fail.
 """
 
@@ -112,8 +117,13 @@ ROLLOUT_RULES = [
 ]
 SERVER_RULES = [
     ("contract", [], ()),
-    ("backends", ["backends", "store", "manifest", "swap", "roles", "headings", "encoders", "imaging"], HTTP),
+    ("storage", ["storage"], HTTP),
     ("encoders", ["encoders"], HTTP),
+    ("backends", ["backends", "storage", "encoders"], HTTP),
+    ("indexing", ["indexing", "storage", "backends", "encoders"], HTTP),
+    ("serving", ["serving", "storage", "backends", "contract"], HTTP),
+    ("api", ["api", "serving", "storage", "backends", "encoders", "contract"], ()),
+    ("sample_corpus", [], HTTP),
 ]
 
 
@@ -136,18 +146,36 @@ def test_nothing_below_the_rollout_layer_imports_it(rollout_graph):
             if any(in_layer(m, f"vrag_rollout.{b}") for b in below) and in_layer(t, "vrag_rollout.rollout")] == []
 
 
-def test_no_import_cycle_in_either_package(rollout_graph):
+def test_no_import_cycle_in_either_package(rollout_graph, server_graph):
     assert cycles(rollout_graph) == []
-    assert cycles(import_graph("retriever_server")) == []
+    assert cycles(server_graph) == []
 
 
-def test_the_retriever_server_keeps_its_layers():
-    assert violations(import_graph("retriever_server"), "retriever_server", SERVER_RULES) == []
+@pytest.fixture(scope="module")
+def server_graph():
+    return import_graph("retriever_server")
+
+
+def test_the_retriever_server_keeps_its_layers(server_graph):
+    assert violations(server_graph, "retriever_server", SERVER_RULES) == []
+
+
+def http_surface_importers(graph: dict[str, set[str]]) -> set[str]:
+    """Modules outside `api/` and the command line that import the HTTP surface."""
+    return {m for m in graph for t in modules_imported(graph, m) if in_layer(t, "retriever_server.api")
+            and not in_layer(m, "retriever_server.api") and m != "retriever_server.cli"}
+
+
+def test_only_the_command_line_imports_the_http_surface(server_graph):
+    assert http_surface_importers(server_graph) == set()
 
 
 def test_every_subpackage_maps_its_modules():
-    """Each layer's __init__ docstring names every module in it, so the tree explains itself."""
-    for init in sorted((ROOT / "vrag_rollout").glob("*/__init__.py")):
+    """Each layer's __init__ docstring names every module in it, so the tree explains itself
+    (retriever_server's own docstring maps its layers too)."""
+    inits = [*(ROOT / "vrag_rollout").glob("*/__init__.py"), *(ROOT / "retriever_server").glob("*/__init__.py"),
+             ROOT / "retriever_server" / "__init__.py"]
+    for init in sorted(inits):
         doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
         for child in sorted(init.parent.iterdir()):
             name = child.stem if child.suffix == ".py" else child.name
@@ -175,3 +203,34 @@ def test_the_checks_catch_planted_violations(rollout_graph):
     assert library_users(planted("vrag_rollout.rollout.agent", "vllm"), "vllm") - library_users(
         rollout_graph, "vllm") == {"vrag_rollout.rollout.agent"}
     assert cycles(planted("vrag_rollout.core.actions", "vrag_rollout.core.step")) != []
+
+
+def test_the_server_checks_catch_planted_violations(server_graph):
+    """The retriever_server rules fail when broken, on the real graph plus one bad import."""
+    def planted(module: str, name: str) -> dict[str, set[str]]:
+        graph = {m: set(names) for m, names in server_graph.items()}
+        graph[module].add(name)
+        return graph
+
+    def broken(module: str, name: str) -> list[str]:
+        return violations(planted(module, name), "retriever_server", SERVER_RULES)
+
+    assert broken("retriever_server.contract", "retriever_server.serving.wire.render") == [
+        "retriever_server.contract imports retriever_server.serving.wire"]
+    assert broken("retriever_server.storage.store", "retriever_server.backends.base.Backend") == [
+        "retriever_server.storage.store imports retriever_server.backends.base"]
+    assert broken("retriever_server.indexing.indexer", "retriever_server.api.app.create_app") == [
+        "retriever_server.indexing.indexer imports retriever_server.api.app"]
+    assert broken("retriever_server.indexing.ingest", "retriever_server.serving.regions") == [
+        "retriever_server.indexing.ingest imports retriever_server.serving.regions"]
+    assert broken("retriever_server.serving.service", "fastapi.HTTPException") == [
+        "retriever_server.serving.service imports fastapi.HTTPException"]
+    assert broken("retriever_server.serving.lifecycle", "retriever_server.indexing.indexer.build_index") == [
+        "retriever_server.serving.lifecycle imports retriever_server.indexing.indexer"]
+    assert broken("retriever_server.api.app", "retriever_server.indexing.suggest") == [
+        "retriever_server.api.app imports retriever_server.indexing.suggest"]
+    assert broken("retriever_server.backends.bm25", "retriever_server.indexing.roles") == [
+        "retriever_server.backends.bm25 imports retriever_server.indexing.roles"]
+    assert http_surface_importers(planted("retriever_server.serving.service", "retriever_server.api.metrics")) == {
+        "retriever_server.serving.service"}
+    assert cycles(planted("retriever_server.storage.manifest", "retriever_server.storage.store")) != []
