@@ -184,53 +184,59 @@ def test_every_subpackage_maps_its_modules():
             assert f"`{name}`" in doc, f"{init.relative_to(ROOT)} does not describe `{name}`"
 
 
+def planted(graph: dict[str, set[str]], module: str, name: str) -> dict[str, set[str]]:
+    """A copy of `graph` in which `module` also imports `name`."""
+    out = {m: set(names) for m, names in graph.items()}
+    out[module].add(name)
+    return out
+
+
 def test_the_checks_catch_planted_violations(rollout_graph):
     """Each rule fails when it is broken: the same checks on the real graph plus one bad import."""
-    def planted(module: str, name: str) -> dict[str, set[str]]:
-        graph = {m: set(names) for m, names in rollout_graph.items()}
-        graph[module].add(name)
-        return graph
+    def plant(module: str, name: str) -> dict[str, set[str]]:
+        return planted(rollout_graph, module, name)
 
-    assert violations(planted("vrag_rollout.core.step", "vrag_rollout.engine.llm.TurnOutput"), "vrag_rollout",
+    assert violations(plant("vrag_rollout.core.step", "vrag_rollout.engine.llm.TurnOutput"), "vrag_rollout",
                       ROLLOUT_RULES) == ["vrag_rollout.core.step imports vrag_rollout.engine.llm"]
-    assert violations(planted("vrag_rollout.core.vision", "urllib3"), "vrag_rollout", ROLLOUT_RULES) == [
+    assert violations(plant("vrag_rollout.core.vision", "urllib3"), "vrag_rollout", ROLLOUT_RULES) == [
         "vrag_rollout.core.vision imports urllib3"]
-    assert violations(planted("vrag_rollout.verify.view", "vrag_rollout.core.positions"), "vrag_rollout",
+    assert violations(plant("vrag_rollout.verify.view", "vrag_rollout.core.positions"), "vrag_rollout",
                       ROLLOUT_RULES) == ["vrag_rollout.verify.view imports vrag_rollout.core.positions"]
-    assert violations(planted("vrag_rollout.retrieval.fixtures", "vrag_rollout.core.actions.Search"),
+    assert violations(plant("vrag_rollout.retrieval.fixtures", "vrag_rollout.core.actions.Search"),
                       "vrag_rollout", ROLLOUT_RULES) == [
         "vrag_rollout.retrieval.fixtures imports vrag_rollout.core.actions"]
-    assert library_users(planted("vrag_rollout.rollout.agent", "vllm"), "vllm") - library_users(
+    assert library_users(plant("vrag_rollout.rollout.agent", "vllm"), "vllm") - library_users(
         rollout_graph, "vllm") == {"vrag_rollout.rollout.agent"}
-    assert cycles(planted("vrag_rollout.core.actions", "vrag_rollout.core.step")) != []
+    assert cycles(plant("vrag_rollout.core.actions", "vrag_rollout.core.step")) != []
 
 
-def test_the_server_checks_catch_planted_violations(server_graph):
-    """The retriever_server rules fail when broken, on the real graph plus one bad import."""
-    def planted(module: str, name: str) -> dict[str, set[str]]:
-        graph = {m: set(names) for m, names in server_graph.items()}
-        graph[module].add(name)
-        return graph
+# (importer, what it is made to import, the violation reported), one per retriever_server rule.
+SERVER_PLANTS = [
+    ("contract", "serving.wire.render", "serving.wire"),                  # the contract imports nothing
+    ("storage.store", "backends.base.Backend", "backends.base"),          # storage: only itself
+    ("encoders.base", "storage.store", "storage.store"),                  # encoders: only themselves
+    ("backends.bm25", "indexing.roles", "indexing.roles"),                # backends: not the build
+    ("indexing.indexer", "api.app.create_app", "api.app"),                # the build: no HTTP surface
+    ("indexing.ingest", "serving.regions", "serving.regions"),            # the build: no serving
+    ("serving.lifecycle", "indexing.indexer.build_index", "indexing.indexer"),  # serving: no build
+    ("serving.service", "fastapi.HTTPException", None),                   # serving: no HTTP library
+    ("api.app", "indexing.suggest", "indexing.suggest"),                  # the HTTP surface: no build
+    ("sample_corpus", "storage.manifest", "storage.manifest"),            # the sample: nothing
+]
 
-    def broken(module: str, name: str) -> list[str]:
-        return violations(planted(module, name), "retriever_server", SERVER_RULES)
 
-    assert broken("retriever_server.contract", "retriever_server.serving.wire.render") == [
-        "retriever_server.contract imports retriever_server.serving.wire"]
-    assert broken("retriever_server.storage.store", "retriever_server.backends.base.Backend") == [
-        "retriever_server.storage.store imports retriever_server.backends.base"]
-    assert broken("retriever_server.indexing.indexer", "retriever_server.api.app.create_app") == [
-        "retriever_server.indexing.indexer imports retriever_server.api.app"]
-    assert broken("retriever_server.indexing.ingest", "retriever_server.serving.regions") == [
-        "retriever_server.indexing.ingest imports retriever_server.serving.regions"]
-    assert broken("retriever_server.serving.service", "fastapi.HTTPException") == [
-        "retriever_server.serving.service imports fastapi.HTTPException"]
-    assert broken("retriever_server.serving.lifecycle", "retriever_server.indexing.indexer.build_index") == [
-        "retriever_server.serving.lifecycle imports retriever_server.indexing.indexer"]
-    assert broken("retriever_server.api.app", "retriever_server.indexing.suggest") == [
-        "retriever_server.api.app imports retriever_server.indexing.suggest"]
-    assert broken("retriever_server.backends.bm25", "retriever_server.indexing.roles") == [
-        "retriever_server.backends.bm25 imports retriever_server.indexing.roles"]
-    assert http_surface_importers(planted("retriever_server.serving.service", "retriever_server.api.metrics")) == {
-        "retriever_server.serving.service"}
-    assert cycles(planted("retriever_server.storage.manifest", "retriever_server.storage.store")) != []
+@pytest.mark.parametrize("module, name, target", SERVER_PLANTS)
+def test_the_server_checks_catch_planted_violations(server_graph, module, name, target):
+    """Each retriever_server rule fails when it is broken, on the real graph plus one bad import."""
+    module = f"retriever_server.{module}"
+    name = name if target is None else f"retriever_server.{name}"
+    reported = name if target is None else f"retriever_server.{target}"
+    assert violations(planted(server_graph, module, name), "retriever_server", SERVER_RULES) == [
+        f"{module} imports {reported}"]
+
+
+def test_the_server_graph_checks_catch_planted_imports(server_graph):
+    """Only cli imports the HTTP surface, and a cycle is found, on the real graph plus one import."""
+    assert http_surface_importers(planted(server_graph, "retriever_server.serving.service",
+                                          "retriever_server.api.metrics")) == {"retriever_server.serving.service"}
+    assert cycles(planted(server_graph, "retriever_server.storage.manifest", "retriever_server.storage.store")) != []
