@@ -12,11 +12,11 @@ import os
 import sys
 from pathlib import Path
 
-from .admission import AdmissionLimits
-from .answer_size import LIMIT_OPTION, MIB
-from .cache import PRELOAD_FORMS
-from .imaging import DEFAULT_DPI, DEFAULT_JPEG_QUALITY, DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
-from .limits import Limits
+from .api.admission import AdmissionLimits
+from .serving.answer_size import LIMIT_OPTION, MIB
+from .serving.cache import PRELOAD_FORMS
+from .serving.limits import Limits
+from .storage.imaging import DEFAULT_DPI, DEFAULT_JPEG_QUALITY, DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
 
 DESCRIPTION = """\
 vrag-retriever: a page-image retriever for visual document RAG. It indexes PDFs and
@@ -49,13 +49,13 @@ def _services(text: str) -> float | None:
 
 
 def _cmd_index(args) -> int:
-    from .indexer import build_index
+    from .indexing.indexer import build_index
 
     out = build_index([Path(s) for s in args.sources], Path(args.out), min_pixels=args.min_pixels,
                       max_pixels=args.max_pixels, jpeg_quality=args.jpeg_quality, ocr=args.ocr,
                       dpi=args.dpi, workers=args.workers, encoder=args.encoder,
                       backend=args.backend, qdrant_url=args.qdrant_url, search=args.search)
-    from .store import PageStore
+    from .storage.store import PageStore
 
     store = PageStore.open(out)
     docs, info = store.documents(), store.manifest.backend
@@ -68,7 +68,7 @@ def _cmd_index(args) -> int:
 def _cmd_serve(args) -> int:
     import uvicorn
 
-    from . import asgi
+    from .api import asgi
 
     api_key = args.api_key or os.environ.get(asgi.ENV_API_KEY) or None
     if not _is_loopback(args.host) and api_key is None and not args.allow_public:
@@ -76,9 +76,9 @@ def _cmd_serve(args) -> int:
               f"{asgi.ENV_API_KEY}), or --allow-public-without-key if you really mean it",
               file=sys.stderr)
         return 2
-    from .manifest import read_manifest
-    from .suggest import no_index_at
-    from .swap import recover
+    from .storage.manifest import read_manifest
+    from .indexing.suggest import no_index_at
+    from .storage.swap import recover
 
     recover(Path(args.index))  # finish or undo a re-index swap that a crash interrupted
     problem = no_index_at(Path(args.index))  # what is there instead, and the command that builds one
@@ -108,7 +108,7 @@ def _cmd_serve(args) -> int:
     if api_key:
         os.environ[asgi.ENV_API_KEY] = api_key
     # The factory form lets --workers start several processes, each with its own index copy.
-    uvicorn.run("retriever_server.asgi:app_from_env", factory=True, host=args.host, port=args.port,
+    uvicorn.run("retriever_server.api.asgi:app_from_env", factory=True, host=args.host, port=args.port,
                 workers=args.workers, log_level=args.log_level, access_log=args.access_log)
     return 0
 

@@ -60,7 +60,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 from bench_retriever import _free_port, _wait_healthy, generate_corpus  # noqa: E402
 
-from retriever_server.indexer import build_index  # noqa: E402
+from retriever_server.indexing.indexer import build_index  # noqa: E402
 
 TARGET_P99_FACTOR = 10.0
 TARGET_HEALTH_P99_MS = 100.0

@@ -45,9 +45,9 @@ from reportlab.pdfgen import canvas
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from retriever_server.imaging import DEFAULT_DPI, DEFAULT_MAX_PIXELS  # noqa: E402
-from retriever_server.indexer import build_index  # noqa: E402
-from retriever_server.store import PageStore  # noqa: E402
+from retriever_server.indexing.indexer import build_index  # noqa: E402
+from retriever_server.storage.imaging import DEFAULT_DPI, DEFAULT_MAX_PIXELS  # noqa: E402
+from retriever_server.storage.store import PageStore  # noqa: E402
 
 BATCH = 64
 TOP_N = 3

@@ -449,7 +449,7 @@ def main() -> int:
     import numpy as np
     import torch
     import torch.distributed as dist
-    from retriever_server.testing import serve_in_thread
+    from retriever_server.api.testing import serve_in_thread
     from transformers import AutoProcessor
 
     from vrag_rollout.devkit.demo import demo_page_band, prepare_index

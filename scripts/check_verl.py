@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoProcessor
 
-    from retriever_server.testing import serve_in_thread
+    from retriever_server.api.testing import serve_in_thread
     from vrag_rollout.devkit.demo import cache_dir, demo_config, demo_model, demo_page_band, demo_questions, prepare_index
     from vrag_rollout.engine.llm import build_llm, configure_cpu_defaults
     from vrag_rollout.integrations.verl.local import local_worker, prompt_rows

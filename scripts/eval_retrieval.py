@@ -41,8 +41,8 @@ import pypdfium2 as pdfium
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from retriever_server.backends.bm25 import PLAIN, Bm25Backend, tokenize  # noqa: E402
-from retriever_server.indexer import build_index  # noqa: E402
-from retriever_server.store import PageStore  # noqa: E402
+from retriever_server.indexing.indexer import build_index  # noqa: E402
+from retriever_server.storage.store import PageStore  # noqa: E402
 
 # (doc id, Debian package, path inside the package, set). Dev manuals were used to choose the
 # ranking weights; held-out ones only to check them.

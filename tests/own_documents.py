@@ -49,7 +49,7 @@ def write_pdfs(folder: Path, documents: dict) -> list[Path]:
 
 
 def write_own_data(root: Path) -> OwnData:
-    from retriever_server.indexer import build_index
+    from retriever_server.indexing.indexer import build_index
     from vrag_rollout.data.dataset import convert_dataset
 
     pdfs = write_pdfs(root / "docs", OWN_DOCUMENTS)

@@ -32,7 +32,7 @@ def down_url():
 @pytest.fixture(scope="module")
 def own_server(own):
     """A retriever serving the user's documents (the sample corpus's are not among them)."""
-    from retriever_server.testing import serve_in_thread
+    from retriever_server.api.testing import serve_in_thread
 
     with serve_in_thread(own.index) as url:
         yield url

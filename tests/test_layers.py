@@ -4,7 +4,12 @@ vrag_rollout: `core/` is pure (no engine, no retriever, no vllm, no HTTP library
 `engine/` imports vllm; `verify/` imports only `verify/`; `retrieval/` imports nothing of the
 episode logic, the engine or the rollout; `training/` (the policy update) only `core/`; nothing
 below `rollout/` imports it; no import cycle.
-retriever_server: the wire contract imports nothing; backends and encoders know nothing of HTTP.
+retriever_server, lowest layer first: `contract` (the wire contract) imports nothing; `storage/`
+(the index on disk) only itself; `encoders/` only itself; `backends/` storage and encoders;
+`indexing/` (building an index) those and never serving or HTTP; `serving/` (requests without
+HTTP) storage, backends and the contract; `api/` (the HTTP surface) serving and below, never
+indexing; only `cli` and `api/` import `api/`; `sample_corpus` imports nothing; no HTTP library
+below `api/`; no import cycle.
 Each rule is also shown to fail on a planted violation, so the checker itself can fail.
 """
 
@@ -112,8 +117,13 @@ ROLLOUT_RULES = [
 ]
 SERVER_RULES = [
     ("contract", [], ()),
-    ("backends", ["backends", "store", "manifest", "swap", "roles", "headings", "encoders", "imaging"], HTTP),
+    ("storage", ["storage"], HTTP),
     ("encoders", ["encoders"], HTTP),
+    ("backends", ["backends", "storage", "encoders"], HTTP),
+    ("indexing", ["indexing", "storage", "backends", "encoders"], HTTP),
+    ("serving", ["serving", "storage", "backends", "contract"], HTTP),
+    ("api", ["api", "serving", "storage", "backends", "encoders", "contract"], ()),
+    ("sample_corpus", [], HTTP),
 ]
 
 
@@ -136,18 +146,36 @@ def test_nothing_below_the_rollout_layer_imports_it(rollout_graph):
             if any(in_layer(m, f"vrag_rollout.{b}") for b in below) and in_layer(t, "vrag_rollout.rollout")] == []
 
 
-def test_no_import_cycle_in_either_package(rollout_graph):
+def test_no_import_cycle_in_either_package(rollout_graph, server_graph):
     assert cycles(rollout_graph) == []
-    assert cycles(import_graph("retriever_server")) == []
+    assert cycles(server_graph) == []
 
 
-def test_the_retriever_server_keeps_its_layers():
-    assert violations(import_graph("retriever_server"), "retriever_server", SERVER_RULES) == []
+@pytest.fixture(scope="module")
+def server_graph():
+    return import_graph("retriever_server")
+
+
+def test_the_retriever_server_keeps_its_layers(server_graph):
+    assert violations(server_graph, "retriever_server", SERVER_RULES) == []
+
+
+def http_surface_importers(graph: dict[str, set[str]]) -> set[str]:
+    """Modules outside `api/` and the command line that import the HTTP surface."""
+    return {m for m in graph for t in modules_imported(graph, m) if in_layer(t, "retriever_server.api")
+            and not in_layer(m, "retriever_server.api") and m != "retriever_server.cli"}
+
+
+def test_only_the_command_line_imports_the_http_surface(server_graph):
+    assert http_surface_importers(server_graph) == set()
 
 
 def test_every_subpackage_maps_its_modules():
-    """Each layer's __init__ docstring names every module in it, so the tree explains itself."""
-    for init in sorted((ROOT / "vrag_rollout").glob("*/__init__.py")):
+    """Each layer's __init__ docstring names every module in it, so the tree explains itself
+    (retriever_server's own docstring maps its layers too)."""
+    inits = [*(ROOT / "vrag_rollout").glob("*/__init__.py"), *(ROOT / "retriever_server").glob("*/__init__.py"),
+             ROOT / "retriever_server" / "__init__.py"]
+    for init in sorted(inits):
         doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
         for child in sorted(init.parent.iterdir()):
             name = child.stem if child.suffix == ".py" else child.name
@@ -156,22 +184,59 @@ def test_every_subpackage_maps_its_modules():
             assert f"`{name}`" in doc, f"{init.relative_to(ROOT)} does not describe `{name}`"
 
 
+def planted(graph: dict[str, set[str]], module: str, name: str) -> dict[str, set[str]]:
+    """A copy of `graph` in which `module` also imports `name`."""
+    out = {m: set(names) for m, names in graph.items()}
+    out[module].add(name)
+    return out
+
+
 def test_the_checks_catch_planted_violations(rollout_graph):
     """Each rule fails when it is broken: the same checks on the real graph plus one bad import."""
-    def planted(module: str, name: str) -> dict[str, set[str]]:
-        graph = {m: set(names) for m, names in rollout_graph.items()}
-        graph[module].add(name)
-        return graph
+    def plant(module: str, name: str) -> dict[str, set[str]]:
+        return planted(rollout_graph, module, name)
 
-    assert violations(planted("vrag_rollout.core.step", "vrag_rollout.engine.llm.TurnOutput"), "vrag_rollout",
+    assert violations(plant("vrag_rollout.core.step", "vrag_rollout.engine.llm.TurnOutput"), "vrag_rollout",
                       ROLLOUT_RULES) == ["vrag_rollout.core.step imports vrag_rollout.engine.llm"]
-    assert violations(planted("vrag_rollout.core.vision", "urllib3"), "vrag_rollout", ROLLOUT_RULES) == [
+    assert violations(plant("vrag_rollout.core.vision", "urllib3"), "vrag_rollout", ROLLOUT_RULES) == [
         "vrag_rollout.core.vision imports urllib3"]
-    assert violations(planted("vrag_rollout.verify.view", "vrag_rollout.core.positions"), "vrag_rollout",
+    assert violations(plant("vrag_rollout.verify.view", "vrag_rollout.core.positions"), "vrag_rollout",
                       ROLLOUT_RULES) == ["vrag_rollout.verify.view imports vrag_rollout.core.positions"]
-    assert violations(planted("vrag_rollout.retrieval.fixtures", "vrag_rollout.core.actions.Search"),
+    assert violations(plant("vrag_rollout.retrieval.fixtures", "vrag_rollout.core.actions.Search"),
                       "vrag_rollout", ROLLOUT_RULES) == [
         "vrag_rollout.retrieval.fixtures imports vrag_rollout.core.actions"]
-    assert library_users(planted("vrag_rollout.rollout.agent", "vllm"), "vllm") - library_users(
+    assert library_users(plant("vrag_rollout.rollout.agent", "vllm"), "vllm") - library_users(
         rollout_graph, "vllm") == {"vrag_rollout.rollout.agent"}
-    assert cycles(planted("vrag_rollout.core.actions", "vrag_rollout.core.step")) != []
+    assert cycles(plant("vrag_rollout.core.actions", "vrag_rollout.core.step")) != []
+
+
+# (importer, what it is made to import, the violation reported), one per retriever_server rule.
+SERVER_PLANTS = [
+    ("contract", "serving.wire.render", "serving.wire"),                  # the contract imports nothing
+    ("storage.store", "backends.base.Backend", "backends.base"),          # storage: only itself
+    ("encoders.base", "storage.store", "storage.store"),                  # encoders: only themselves
+    ("backends.bm25", "indexing.roles", "indexing.roles"),                # backends: not the build
+    ("indexing.indexer", "api.app.create_app", "api.app"),                # the build: no HTTP surface
+    ("indexing.ingest", "serving.regions", "serving.regions"),            # the build: no serving
+    ("serving.lifecycle", "indexing.indexer.build_index", "indexing.indexer"),  # serving: no build
+    ("serving.service", "fastapi.HTTPException", None),                   # serving: no HTTP library
+    ("api.app", "indexing.suggest", "indexing.suggest"),                  # the HTTP surface: no build
+    ("sample_corpus", "storage.manifest", "storage.manifest"),            # the sample: nothing
+]
+
+
+@pytest.mark.parametrize("module, name, target", SERVER_PLANTS)
+def test_the_server_checks_catch_planted_violations(server_graph, module, name, target):
+    """Each retriever_server rule fails when it is broken, on the real graph plus one bad import."""
+    module = f"retriever_server.{module}"
+    name = name if target is None else f"retriever_server.{name}"
+    reported = name if target is None else f"retriever_server.{target}"
+    assert violations(planted(server_graph, module, name), "retriever_server", SERVER_RULES) == [
+        f"{module} imports {reported}"]
+
+
+def test_the_server_graph_checks_catch_planted_imports(server_graph):
+    """Only cli imports the HTTP surface, and a cycle is found, on the real graph plus one import."""
+    assert http_surface_importers(planted(server_graph, "retriever_server.serving.service",
+                                          "retriever_server.api.metrics")) == {"retriever_server.serving.service"}
+    assert cycles(planted(server_graph, "retriever_server.storage.manifest", "retriever_server.storage.store")) != []

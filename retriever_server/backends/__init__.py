@@ -2,7 +2,13 @@
 
 ``open_backend`` picks what an index was built for (its manifest's ``backend``): page-aware BM25
 (``bm25``), or Qdrant multi-vector search (``qdrant``), alone (``search: dense``) or fused with
-BM25 (``search: hybrid``, the default).
+BM25 (``search: hybrid``, the default). Backends read an index through ``storage.store``; they
+know nothing of serving or HTTP.
+
+- `base`: the interface (`Backend`, `Hit`) and `StoreBackend`, pages served from a `PageStore`.
+- `bm25`: the embedded default: page-aware BM25 over page text and heading lines, per document.
+- `qdrant`: dense multi-vector search in Qdrant (one point per page, MaxSim), and its build.
+- `fusion`: hybrid search: reciprocal-rank fusion of a lexical and a dense backend.
 """
 
 from __future__ import annotations

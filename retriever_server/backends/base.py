@@ -6,7 +6,7 @@ requests (known doc ids, page ranges, query length) before calling in, and turns
 JSON itself, so a backend never sees raw request data or formats responses.
 
 A stronger engine is a drop-in: implement this class and hand the instance to
-``retriever_server.app.create_app``. ``qdrant.QdrantBackend`` is one (multi-vector pages in
+``retriever_server.api.app.create_app``. ``qdrant.QdrantBackend`` is one (multi-vector pages in
 Qdrant, filtered by document), ``fusion.HybridBackend`` combines two. Nothing in the app, the
 wire format or the client changes.
 """
@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..store import IndexReplacedError, PageImage, PageStore
+from ..storage.store import IndexReplacedError, PageImage, PageStore
 
 # A load that a swap overtakes this many times in a row is not going to settle; say so.
 LOAD_ATTEMPTS = 3

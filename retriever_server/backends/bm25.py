@@ -1,7 +1,7 @@
 """The embedded default backend: page-aware BM25 (bm25s) over page text, searched per document.
 
 Two BM25 matrices cover the whole corpus (so IDF statistics come from all pages): one over page
-text, one over each page's heading lines (``retriever_server.headings``). A query is scored
+text, one over each page's heading lines (``retriever_server.indexing.headings``). A query is scored
 against every page and only its document's contiguous row range is ranked, by
 
     score(page) = role_weight[role(page)] * (bm25_text + w(query) * bm25_headings)
@@ -26,7 +26,7 @@ import bm25s
 import numpy as np
 from bm25s.stopwords import STOPWORDS_EN
 
-from ..store import PageStore
+from ..storage.store import PageStore
 from .base import Hit, StoreBackend, open_whole
 
 SUBDIR = "bm25"

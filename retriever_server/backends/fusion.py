@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
 
-from ..store import PageImage, PageStore
+from ..storage.store import PageImage, PageStore
 from .base import Backend, Hit
 
 RRF_K = 60

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..encoders import PageEncoder
-from ..store import PageStore
+from ..storage.store import PageStore
 from .base import Hit, StoreBackend
 
 LOCAL_SUBDIR = "qdrant"

@@ -5,6 +5,10 @@ PATH is a local checkpoint directory; nothing is ever downloaded. ``load_encoder
 ``encoder_fingerprint`` identifies a checkpoint from its files without loading it, and
 ``resolve_encoder``, the guard run when an index is opened, compares it with the one recorded at
 index time.
+
+- `base`: the interface (`PageEncoder`: images and queries -> multi-vectors), MaxSim, fingerprints.
+- `colqwen2`: ColQwen2 / ColQwen2.5 through transformers, from a local checkpoint.
+- `tiny`: builds a tiny, randomly initialised ColQwen2 checkpoint offline (tests, benchmarks).
 """
 
 from __future__ import annotations

@@ -185,7 +185,7 @@ def test_a_saved_verl_batch_passes_check_forward_and_a_wrong_logprob_fails(tmp_p
 
 
 def test_a_row_whose_document_the_retriever_lacks_is_refused_before_sampling(tiny_model_dir, tiny_processor, tiny_llm):
-    from retriever_server.testing import serve_in_thread
+    from retriever_server.api.testing import serve_in_thread
     from vrag_rollout.data.prompts import PromptSample
     from vrag_rollout.devkit.demo import cache_dir, prepare_index
     from vrag_rollout.retrieval.preflight import RetrieverPreflightError

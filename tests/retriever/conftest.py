@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from retriever_server.app import create_app
-from retriever_server.indexer import build_index
+from retriever_server.api.app import create_app
+from retriever_server.indexing.indexer import build_index
 from retriever_server.sample_corpus import write_sample_corpus
 
 

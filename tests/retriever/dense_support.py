@@ -6,7 +6,7 @@ import functools
 from pathlib import Path
 
 from retriever_server.encoders.tiny import build_tiny_colqwen2
-from retriever_server.indexer import build_index
+from retriever_server.indexing.indexer import build_index
 from retriever_server.sample_corpus import write_sample_corpus
 
 

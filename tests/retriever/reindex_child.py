@@ -21,7 +21,8 @@ def die() -> None:
 
 def main() -> None:
     point, out, sources = sys.argv[1], Path(sys.argv[2]), [Path(p) for p in sys.argv[3:]]
-    from retriever_server import indexer, swap
+    from retriever_server.indexing import indexer
+    from retriever_server.storage import swap
 
     if point.startswith("rename-"):
         _, when, nth = point.split("-")

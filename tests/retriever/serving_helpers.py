@@ -16,7 +16,7 @@ import httpx
 from PIL import Image
 
 from retriever_server.backends.base import Backend, Hit
-from retriever_server.store import PageImage
+from retriever_server.storage.store import PageImage
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from retriever_server.admission import AdmissionGate, AdmissionLimits
-from retriever_server.app import create_app
-from retriever_server.testing import serve_in_thread
+from retriever_server.api.admission import AdmissionGate, AdmissionLimits
+from retriever_server.api.app import create_app
+from retriever_server.api.testing import serve_in_thread
 from tests.retriever.serving_helpers import HeldBackend, wait_until
 
 SEARCH = {"query": ["x"], "id": ["a"], "top_n": 1}

@@ -9,8 +9,8 @@ import base64
 import pytest
 
 from retriever_server import contract
+from retriever_server.api.testing import serve_in_thread
 from retriever_server.sample_corpus import SAMPLE_FACTS
-from retriever_server.testing import serve_in_thread
 from vrag_rollout.retrieval.blocking import HttpTransport
 from vrag_rollout.retrieval.client import RetrieverClient
 from vrag_rollout.retrieval.transport import RawAnswer, TransportMalformed, decode_answer

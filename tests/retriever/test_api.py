@@ -5,10 +5,10 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from retriever_server.app import create_app
-from retriever_server.limits import Limits
+from retriever_server.api.app import create_app
 from retriever_server.sample_corpus import SAMPLE_FACTS
-from retriever_server.store import PageStore
+from retriever_server.serving.limits import Limits
+from retriever_server.storage.store import PageStore
 
 
 def _jpeg(b64: str) -> Image.Image:

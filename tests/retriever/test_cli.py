@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 from retriever_server.cli import _is_loopback, main
-from retriever_server.store import PageStore
+from retriever_server.storage.store import PageStore
 
 
 def test_sample_corpus_then_index(tmp_path, capsys):
@@ -101,8 +101,8 @@ def test_loopback_detection():
 
 
 def test_queue_services_reaches_the_worker_processes(monkeypatch):
-    from retriever_server import asgi
-    from retriever_server.admission import AdmissionLimits
+    from retriever_server.api import asgi
+    from retriever_server.api.admission import AdmissionLimits
     from retriever_server.cli import build_parser
 
     serve = ["serve", "--index", "x"]

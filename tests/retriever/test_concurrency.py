@@ -4,9 +4,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from retriever_server.api.admission import AdmissionLimits
+from retriever_server.api.testing import serve_in_thread
 from retriever_server.sample_corpus import SAMPLE_FACTS
-from retriever_server.admission import AdmissionLimits
-from retriever_server.testing import serve_in_thread
 
 CLIENTS = 16
 BATCHES = 4

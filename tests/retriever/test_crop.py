@@ -20,11 +20,11 @@ from PIL import Image, ImageDraw
 from reportlab.pdfgen import canvas
 
 from retriever_server import contract
-from retriever_server.app import create_app
-from retriever_server.indexer import build_index
-from retriever_server.limits import Limits
-from retriever_server.manifest import MANIFEST_NAME
-from retriever_server.testing import serve_in_thread
+from retriever_server.api.app import create_app
+from retriever_server.api.testing import serve_in_thread
+from retriever_server.indexing.indexer import build_index
+from retriever_server.serving.limits import Limits
+from retriever_server.storage.manifest import MANIFEST_NAME
 from vrag_rollout.retrieval.client import RetrieverClient
 from vrag_rollout.retrieval.fixtures import FixtureMiss, FixtureTransport, Fixtures, record_fixtures
 from vrag_rollout.retrieval.types import RetrievedPage, RetrieverFailure
@@ -326,7 +326,7 @@ def test_an_answer_over_the_size_limit_is_refused_whole(crop_index):
 def draws(monkeypatch):
     """Every crop drawn: `Cropper.crop` counts, then draws as usual (`draws.fake = True`: fails
     each crop instead, so a test of a refusal stays fast on a server that would draw)."""
-    from retriever_server import cropping
+    from retriever_server.serving import cropping
 
     real, calls = cropping.Cropper.crop, []
 
@@ -377,8 +377,8 @@ def test_items_answered_with_an_error_are_not_counted_and_a_normal_request_is_dr
 def test_the_rollouts_default_chunk_fits_in_messagepack_and_json_is_told_how_many_fit(crop_index):
     """64 crops at the default band (the client's chunk) fit the default limits as MessagePack, the
     rollout client's format; as JSON their worst case is over 64 MiB, and the refusal says what fits."""
-    from retriever_server.regions import Band
-    from retriever_server.service import RequestError
+    from retriever_server.serving.regions import Band
+    from retriever_server.serving.service import RequestError
 
     service = create_app(crop_index).state.index.current.service
     band = Band(BAND["min_pixels"], BAND["max_pixels"], 28)
@@ -387,7 +387,7 @@ def test_the_rollouts_default_chunk_fits_in_messagepack_and_json_is_told_how_man
     assert contract.crops_per_request(LARGE) == 5
     with pytest.raises(RequestError):
         service.check_crop_cost(contract.MAX_CROP_BATCH, Band(784, LARGE, 28), contract.MSGPACK)
-    from retriever_server.answer_size import AnswerTooLarge
+    from retriever_server.serving.answer_size import AnswerTooLarge
 
     with pytest.raises(AnswerTooLarge, match=r"up to 81.8 MiB as JSON.*at most about 50\).*MessagePack answers"):
         service.check_crop_cost(contract.MAX_CROP_BATCH, band, contract.JSON)

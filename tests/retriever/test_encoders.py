@@ -12,10 +12,10 @@ from PIL import Image
 
 from retriever_server.backends import open_backend
 from retriever_server.cli import main
-from retriever_server.dense_index import DenseOptions
 from retriever_server.encoders import ENV_ENCODER, EncoderMismatch, resolve_encoder
 from retriever_server.encoders import encoder_fingerprint, load_encoder, parse_spec
-from retriever_server.manifest import read_manifest
+from retriever_server.indexing.dense_index import DenseOptions
+from retriever_server.storage.manifest import read_manifest
 
 from .dense_support import dense_index, tiny_colqwen2
 

@@ -22,10 +22,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from retriever_server import contract
-from retriever_server.app import create_app
+from retriever_server.api.app import create_app
+from retriever_server.api.testing import serve_in_thread
 from retriever_server.cli import build_parser, main
-from retriever_server.limits import Limits
-from retriever_server.testing import serve_in_thread
+from retriever_server.serving.limits import Limits
 
 from .test_units import MemoryBackend
 
@@ -200,7 +200,7 @@ def test_a_backend_that_cannot_bound_its_pages_is_measured():
 
 
 def test_serve_passes_the_answer_limit_to_its_workers(monkeypatch):
-    from retriever_server import asgi
+    from retriever_server.api import asgi
 
     args = build_parser().parse_args(["serve", "--index", "x"])
     assert args.max_answer_mib == Limits.max_answer_bytes / 2**20 == 64

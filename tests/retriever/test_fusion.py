@@ -11,7 +11,7 @@ from retriever_server.backends import open_backend
 from retriever_server.backends.bm25 import Bm25Backend
 from retriever_server.backends.fusion import HybridBackend, rrf
 from retriever_server.backends.qdrant import QdrantBackend
-from retriever_server.store import PageStore
+from retriever_server.storage.store import PageStore
 
 from .dense_support import dense_index
 

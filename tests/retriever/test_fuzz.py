@@ -11,7 +11,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import (content_type_conformance, not_a_server_error,
                                  response_schema_conformance)
 
-from retriever_server.app import create_app
+from retriever_server.api.app import create_app
 
 EXAMPLES = 40
 # Schema-valid requests may still be refused (top_n over the limit, query/id length mismatch),

@@ -11,7 +11,7 @@ Every message string (a string in code, not a docstring; an f-string's fields re
   of that subcommand, each with a value where the flag takes one;
 - any other ``--flag`` is a flag of the module's own program.
 
-Commands computed at run time (`retriever_server.suggest`) are run as printed by
+Commands computed at run time (`retriever_server.indexing.suggest`) are run as printed by
 ``tests/rollout/test_dataset_first_hour.py``.
 """
 

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from retriever_server.imaging import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, encode_jpeg, fit_to_budget
+from retriever_server.storage.imaging import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, encode_jpeg, fit_to_budget
 
 
 @settings(max_examples=300, deadline=None)

@@ -2,11 +2,11 @@ import json
 
 import pytest
 
-from retriever_server import indexer
 from retriever_server.backends import open_backend
-from retriever_server.manifest import FORMAT_VERSION, MANIFEST_NAME, read_manifest
+from retriever_server.indexing import indexer
 from retriever_server.sample_corpus import SAMPLE_FACTS
-from retriever_server.store import PageStore
+from retriever_server.storage.manifest import FORMAT_VERSION, MANIFEST_NAME, read_manifest
+from retriever_server.storage.store import PageStore
 
 
 def _answers(index_dir):
@@ -101,7 +101,7 @@ def test_worker_processes_give_the_same_index(sample_pdfs, sample_index, tmp_pat
 def test_restarted_server_answers_byte_for_byte_the_same(sample_index):
     from fastapi.testclient import TestClient
 
-    from retriever_server.app import create_app
+    from retriever_server.api.app import create_app
 
     queries = list(SAMPLE_FACTS)
     body = {"query": queries, "id": [SAMPLE_FACTS[q][0] for q in queries], "top_n": 3,
@@ -121,7 +121,7 @@ def test_server_never_serves_pages_of_a_swapped_in_index(sample_pdfs, tmp_path):
 
     from fastapi.testclient import TestClient
 
-    from retriever_server.app import create_app
+    from retriever_server.api.app import create_app
 
     out = tmp_path / "idx"
     indexer.build_index(sample_pdfs, out, progress=False)

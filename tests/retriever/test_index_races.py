@@ -20,14 +20,15 @@ import bm25s
 import pytest
 from fastapi.testclient import TestClient
 
-from retriever_server import lifecycle, swap
-from retriever_server.app import create_app
+from retriever_server.api.app import create_app
 from retriever_server.backends import open_backend, qdrant
-from retriever_server.indexer import build_index
-from retriever_server.lifecycle import IndexSlot, index_version
-from retriever_server.limits import Limits
+from retriever_server.indexing.indexer import build_index
 from retriever_server.sample_corpus import SAMPLE_FACTS
-from retriever_server.store import PageStore
+from retriever_server.serving import lifecycle
+from retriever_server.serving.lifecycle import IndexSlot, index_version
+from retriever_server.serving.limits import Limits
+from retriever_server.storage import swap
+from retriever_server.storage.store import PageStore
 
 from .dense_support import dense_index, tiny_colqwen2
 

@@ -15,13 +15,13 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from retriever_server.admission import AdmissionLimits
-from retriever_server.app import create_app
-from retriever_server.indexer import build_index
-from retriever_server.manifest import read_manifest
+from retriever_server.api.admission import AdmissionLimits
+from retriever_server.api.app import create_app
+from retriever_server.api.testing import serve_in_thread
+from retriever_server.indexing.indexer import build_index
 from retriever_server.sample_corpus import SAMPLE_FACTS
-from retriever_server.store import PageStore
-from retriever_server.testing import serve_in_thread
+from retriever_server.storage.manifest import read_manifest
+from retriever_server.storage.store import PageStore
 from tests.retriever.serving_helpers import ROOT
 
 CHILD = Path(__file__).with_name("reindex_child.py")

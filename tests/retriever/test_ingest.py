@@ -4,11 +4,11 @@ import pypdfium2 as pdfium
 import pytest
 from PIL import Image
 
-from retriever_server import ocr as ocr_mod
 from retriever_server.backends import open_backend
-from retriever_server.indexer import build_index
-from retriever_server.ingest import OcrPolicy, discover, iter_pages
-from retriever_server.store import PageStore
+from retriever_server.indexing import ocr as ocr_mod
+from retriever_server.indexing.indexer import build_index
+from retriever_server.indexing.ingest import OcrPolicy, discover, iter_pages
+from retriever_server.storage.store import PageStore
 
 needs_tesseract = pytest.mark.skipif(ocr_mod.tesseract_path() is None,
                                      reason="tesseract is not installed (apt-get install tesseract-ocr)")

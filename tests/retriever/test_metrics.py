@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from retriever_server.app import create_app
+from retriever_server.api.app import create_app
 
 
 def _samples(client) -> dict:

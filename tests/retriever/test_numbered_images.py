@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from retriever_server.indexer import build_index
-from retriever_server.ingest import discover, image_numbers
-from retriever_server.manifest import MANIFEST_NAME, missing_numbers, read_manifest
+from retriever_server.indexing.indexer import build_index
+from retriever_server.indexing.ingest import discover, image_numbers
+from retriever_server.storage.manifest import MANIFEST_NAME, missing_numbers, read_manifest
 
 DECK = "tokyo-olympics-2020-deck"  # a deck name holding digits of its own, as SlideVQA's do
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from retriever_server.app import create_app
+from retriever_server.api.app import create_app
 from retriever_server.backends import open_backend
 from retriever_server.backends.qdrant import QdrantBackend
 from retriever_server.encoders.base import maxsim
-from retriever_server.store import PageStore
+from retriever_server.storage.store import PageStore
 
 from .dense_support import dense_index
 

@@ -7,12 +7,12 @@ from fastapi.testclient import TestClient
 from reportlab.lib.pagesizes import letter
 from reportlab.pdfgen import canvas
 
-from retriever_server import headings, roles
-from retriever_server.app import create_app
+from retriever_server.api.app import create_app
 from retriever_server.backends.bm25 import PLAIN, Bm25Backend, heading_weight_for
-from retriever_server.indexer import build_index
-from retriever_server.ingest import OcrPolicy, discover, iter_pages
-from retriever_server.store import PageStore
+from retriever_server.indexing import headings, roles
+from retriever_server.indexing.indexer import build_index
+from retriever_server.indexing.ingest import OcrPolicy, discover, iter_pages
+from retriever_server.storage.store import PageStore
 
 SECTIONS = [("Configuring the output terminal", 3), ("Calibrating the plotter pens", 4),
             ("Exporting vector graphics", 5)]

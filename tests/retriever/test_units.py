@@ -11,12 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
-from retriever_server import contract, wire
-from retriever_server.app import create_app
+from retriever_server import contract
+from retriever_server.api.app import create_app
 from retriever_server.backends.base import Backend, Hit
-from retriever_server.cache import FragmentCache
-from retriever_server.limits import Limits, parse_fetch_spec, query_problem
-from retriever_server.store import PageImage
+from retriever_server.serving import wire
+from retriever_server.serving.cache import FragmentCache
+from retriever_server.serving.limits import Limits, parse_fetch_spec, query_problem
+from retriever_server.storage.store import PageImage
 
 
 def _tiny_jpeg(shade: int) -> bytes:
@@ -227,14 +228,14 @@ def test_custom_backend_is_a_drop_in_and_failures_stay_per_item():
 
 
 def test_needs_ocr_threshold():
-    from retriever_server.ocr import MIN_TEXT_CHARS, needs_ocr
+    from retriever_server.indexing.ocr import MIN_TEXT_CHARS, needs_ocr
 
     assert needs_ocr("") and needs_ocr(" \n" * 50 + "x" * (MIN_TEXT_CHARS - 1))
     assert not needs_ocr("y" * MIN_TEXT_CHARS) and not needs_ocr("word " * 1000)
 
 
 def test_render_excess_is_trimmed_evenly():
-    from retriever_server.ingest import _center_crop
+    from retriever_server.indexing.ingest import _center_crop
 
     image = Image.new("RGB", (30, 40), "white")
     image.paste((255, 0, 0), (0, 0, 30, 3))  # a 3-px red band at the top
@@ -247,13 +248,13 @@ def test_render_excess_is_trimmed_evenly():
 @pytest.mark.parametrize("value, preload", [("0", False), ("", False), ("1", "json"), ("json", "json"),
                                             ("msgpack", "msgpack")])
 def test_preload_setting_from_the_environment(value, preload):
-    from retriever_server.asgi import _preload_from_env
+    from retriever_server.api.asgi import _preload_from_env
 
     assert _preload_from_env(value) == preload
 
 
 def test_an_unknown_preload_setting_is_an_error():
-    from retriever_server.asgi import _preload_from_env
+    from retriever_server.api.asgi import _preload_from_env
 
     with pytest.raises(ValueError, match="VRAG_RETRIEVER_PRELOAD"):
         _preload_from_env("MSGPACK")

@@ -189,7 +189,7 @@ def live_index(tmp_path_factory):
 def test_live_server_reproduces_the_recorded_rollout(rollout, family_model, live_index):
     """The same rollout against the real retriever server, on an index built from scratch,
     equals the replayed one: the fixture file is a faithful, current recording."""
-    from retriever_server.testing import serve_in_thread
+    from retriever_server.api.testing import serve_in_thread
 
     _, _, replayed, _ = rollout
     fm = family_model

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from retriever_server.manifest import DocEntry, Manifest, PageEntry, image_name, write_manifest
+from retriever_server.storage.manifest import DocEntry, Manifest, PageEntry, image_name, write_manifest
 from vrag_rollout.data import dataset, questions
 from vrag_rollout.cli import main as cli_main
 from vrag_rollout.data.prompts import AGENT_INSTRUCTIONS

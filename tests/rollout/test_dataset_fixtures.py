@@ -68,7 +68,7 @@ def sample_index():
 
 @pytest.fixture(scope="module")
 def live_url(sample_index):
-    from retriever_server.testing import serve_in_thread
+    from retriever_server.api.testing import serve_in_thread
 
     with serve_in_thread(sample_index) as url:
         yield url

@@ -50,7 +50,7 @@ def test_the_demo_config_sets_it_for_both_formats_and_yields_to_a_callers_gramma
 @pytest.fixture(scope="module")
 def live_url():
     """The embedded retriever on the demo's sample index: crops are rendered from its PDFs."""
-    from retriever_server.testing import serve_in_thread
+    from retriever_server.api.testing import serve_in_thread
     from vrag_rollout.devkit.demo import cache_dir, prepare_index
 
     with serve_in_thread(prepare_index(cache_dir())) as url:

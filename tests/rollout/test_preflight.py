@@ -23,7 +23,7 @@ DEAD_URL = "http://127.0.0.1:9"  # the discard port: nothing listens
 
 @pytest.fixture(scope="module")
 def server_url():
-    from retriever_server.testing import serve_in_thread
+    from retriever_server.api.testing import serve_in_thread
     from vrag_rollout.devkit.demo import cache_dir, prepare_index
 
     with serve_in_thread(prepare_index(cache_dir())) as url:

@@ -45,8 +45,8 @@ def marked_pdf(path):
 
 @pytest.fixture(scope="module")
 def retriever_url(tmp_path_factory):
-    from retriever_server.indexer import build_index
-    from retriever_server.testing import serve_in_thread
+    from retriever_server.api.testing import serve_in_thread
+    from retriever_server.indexing.indexer import build_index
 
     tmp = tmp_path_factory.mktemp("regions")
     build_index([marked_pdf(tmp / "sheet.pdf")], tmp / "index", min_pixels=128 * 28 * 28, max_pixels=512 * 28 * 28,

@@ -14,8 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from retriever_server.app import create_app
-from retriever_server.indexer import build_index
+from retriever_server.api.app import create_app
+from retriever_server.indexing.indexer import build_index
 from vrag_rollout.cli import main as cli_main
 from vrag_rollout.core.reward import score_response
 from vrag_rollout.data import dataset, sources

@@ -49,7 +49,7 @@ With a retriever index (`index_dir`; a path that is not one raises `IndexDirErro
   listed as dropped with `drop_missing`;
 - a path that is a folder but no index (a folder of PDFs, say) raises `IndexDirError` with the
   `vrag-retriever index` command that builds one into a new directory
-  (`retriever_server.suggest.not_an_index`);
+  (`retriever_server.indexing.suggest.not_an_index`);
 - a gold page past its document's end in the index is never written: the row raises
   `DatasetError` (line, page, the document's page count), or with `drop_missing` is left out and
   listed (`pages_out_of_range`, `dropped`). Without an index page counts are not checked.
@@ -89,7 +89,7 @@ from typing import Annotated, Any, Iterator, Optional
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, ValidationError
 from pydantic_core import PydanticCustomError
 
-from retriever_server.suggest import no_index_at
+from retriever_server.indexing.suggest import no_index_at
 
 from .json_numbers import SourceNumber, loads
 from .prompts import AGENT_INSTRUCTIONS, TOOL_CALL_INSTRUCTIONS, instructions_for
@@ -334,7 +334,7 @@ def _pages_by_number(where: str, question: _Question, source: dict, doc_id: str,
     the document carries is never written: `DatasetError` naming the document and the numbers it
     lacks, or with `drop`, `(None, its report entry)`. `numbers`: each page's own number, page 1
     first (`Manifest.source_numbers`); the set's pages are read in its own numbering."""
-    from retriever_server.manifest import missing_numbers
+    from retriever_server.storage.manifest import missing_numbers
 
     position = {number: k for k, number in enumerate(numbers, start=1)}
     own = [page - 1 + source["page_base"] for page in question.meta_info.reference_page]
@@ -355,7 +355,7 @@ def _pages_by_number(where: str, question: _Question, source: dict, doc_id: str,
 
 def _note_gaps(report: ConversionReport, doc_id: str, numbers: Optional[list], mapped: bool) -> None:
     """List a document's numbering gaps (the smallest `LISTED_NUMBERS`) in the report, once per document."""
-    from retriever_server.manifest import missing_numbers
+    from retriever_server.storage.manifest import missing_numbers
 
     if numbers is None or any(gap["doc_id"] == doc_id for gap in report.numbering_gaps):
         return
@@ -464,9 +464,9 @@ def index_documents(index_dir: Path) -> dict:
 
 
 def index_manifest(index_dir: Path):
-    """The manifest (`retriever_server.manifest.Manifest`) of a retriever index; raises
+    """The manifest (`retriever_server.storage.manifest.Manifest`) of a retriever index; raises
     `IndexDirError` saying what is wrong with a path that is not a readable index."""
-    from retriever_server.manifest import MANIFEST_NAME, read_manifest
+    from retriever_server.storage.manifest import MANIFEST_NAME, read_manifest
 
     index_dir = Path(index_dir)
     problem = no_index_at(index_dir)

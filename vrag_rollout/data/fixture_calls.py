@@ -102,7 +102,7 @@ def record_dataset_fixtures(data: Path, out: Path, *, queries: Optional[Path] = 
     searches, fetches = dataset_retrieval_calls(doc_ids, counts, query_list)
     with ExitStack() as stack:
         if retriever_url is None:
-            from retriever_server.testing import serve_in_thread
+            from retriever_server.api.testing import serve_in_thread
 
             retriever_url = stack.enter_context(serve_in_thread(index_dir))
         summary = record_fixtures(retriever_url, out, searches=searches, fetches=fetches, top_n=top_n,

@@ -45,8 +45,8 @@ What each reader reads (facts from the sets' own releases; field names as they s
   (SlideShare's `<deck>-<slide>-<width>.jpg`), so a deck is a folder of images named `deck_name`
   (kind "images"). The README warns that some slides fail to download (404): a deck folder may lack
   slides. The index records each image's own slide number from its file name
-  (`retriever_server.ingest.image_numbers`) while numbering pages by position, so evidence pages
-  are slide numbers to map, not positions: the record says so (`_source.pages_are_numbers`) and
+  (`retriever_server.indexing.ingest.image_numbers`) while numbering pages by position, so
+  evidence pages are slide numbers to map, not positions: the record says so (`_source.pages_are_numbers`) and
   `dataset.convert_rows` maps them through the index, refusing (or dropping) a question whose
   evidence slide the deck lacks. No unanswerable label.
   The Hugging Face copy (NTT-hil-insight/SlideVQA, parquet with the slides as image columns) is

@@ -109,7 +109,7 @@ def cache_dir() -> Path:
 
 def prepare_index(work_dir: Path) -> Path:
     """The sample corpus and its index, built once under `work_dir`."""
-    from retriever_server.indexer import build_index
+    from retriever_server.indexing.indexer import build_index
     from retriever_server.sample_corpus import write_sample_corpus
 
     index_dir = work_dir / "sample-index"
@@ -152,7 +152,7 @@ def record_demo_fixtures(out_path: Path, retriever_url: Optional[str] = None) ->
     searches, fetches = demo_retrieval_calls()
     with ExitStack() as stack:
         if retriever_url is None:
-            from retriever_server.testing import serve_in_thread
+            from retriever_server.api.testing import serve_in_thread
 
             retriever_url = stack.enter_context(serve_in_thread(prepare_index(cache_dir())))
         return record_fixtures(retriever_url, out_path, searches=searches, fetches=fetches, top_n=DEMO_TOP_N)
@@ -237,7 +237,7 @@ def run_demo(out_path: Path, *, family: Optional[str] = None, model: Optional[st
     tokenizer = processor.tokenizer
     with ExitStack() as stack:
         if retriever_url is None and fixtures is None:
-            from retriever_server.testing import serve_in_thread
+            from retriever_server.api.testing import serve_in_thread
 
             retriever_url = stack.enter_context(serve_in_thread(prepare_index(cache_dir())))
         config = demo_config(retriever_url=retriever_url or "http://127.0.0.1:8002", retriever_fixtures=fixtures,

@@ -63,7 +63,7 @@ def source_problem(source: RetrieverSource) -> Optional[str]:
     if source.fixtures is not None:
         return _fixtures_problem(Path(source.fixtures))
     if source.index is not None:
-        from retriever_server.suggest import no_index_at
+        from retriever_server.indexing.suggest import no_index_at
 
         problem = no_index_at(Path(source.index))
         return None if problem is None else f"--index {source.index}: {problem}"

@@ -117,7 +117,7 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
     initial = copy.deepcopy(hf_model).requires_grad_(False)  # the KL reference: the weights the run started from
     with ExitStack() as stack:
         if retriever is None and retriever_url is None and fixtures is None:
-            from retriever_server.testing import serve_in_thread
+            from retriever_server.api.testing import serve_in_thread
 
             retriever_url = stack.enter_context(serve_in_thread(Path(index) if index else prepare_index(cache_dir())))
         samples, truths, _counts = learn_questions(data, batch_size, action_format)

@@ -125,7 +125,7 @@ def run_rollout(out: Path, *, data: Path, index: Optional[Path] = None, retrieve
         overrides.update(demo_page_band(processor))
     with ExitStack() as stack:
         if index is not None and fixtures is None:
-            from retriever_server.testing import serve_in_thread
+            from retriever_server.api.testing import serve_in_thread
 
             retriever_url = stack.enter_context(serve_in_thread(Path(index)))
         config = demo_config(retriever_url=retriever_url or "http://127.0.0.1:8002", **overrides)

@@ -21,10 +21,10 @@ from pathlib import Path
 import pypdfium2 as pdfium
 from PIL import Image
 
+from ..storage.imaging import DEFAULT_DPI, center_window, encode_jpeg, fit_to_budget, render_scale
 from . import headings as headings_mod
 from . import ocr as ocr_mod
 from . import roles as roles_mod
-from .imaging import DEFAULT_DPI, center_window, encode_jpeg, fit_to_budget, render_scale
 from .layout import page_lines
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".bmp", ".gif"})

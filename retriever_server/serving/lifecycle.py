@@ -17,8 +17,8 @@ any number of follow checks seeing one re-index load it once. See docs/retriever
 *Concurrency model*.
 
 Re-indexing over the served path (``vrag-retriever index ... --out PATH``) leaves the served
-directory in place, moved aside, while this process reads it (``swap.py``), so answers stay
-complete and consistent until ``reload`` switches to the new index.
+directory in place, moved aside, while this process reads it (``storage/swap.py``), so answers
+stay complete and consistent until ``reload`` switches to the new index.
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
 
-from .backends import Backend, open_backend
-from .backends.bm25 import Bm25Backend
+from ..backends import Backend, open_backend
+from ..backends.bm25 import Bm25Backend
+from ..storage.store import PageStore
+from ..storage.swap import collect, recover
 from .cache import PRELOAD_FORMS, FragmentCache
 from .limits import Limits
 from .service import RetrieverService
-from .store import PageStore
-from .swap import collect, recover
 
 VERSION_HEADER = "X-Index-Version"
 _log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from . import contract
+from .. import contract
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .backends.fusion import RRF_K
-from .encoders import parse_spec
+from ..backends.fusion import RRF_K
+from ..encoders import parse_spec
 
 BACKENDS = ("bm25", "qdrant")
 SEARCH_MODES = ("hybrid", "dense")
@@ -58,8 +58,8 @@ def add_dense(index_dir: Path, pages, backend_info: dict, options: DenseOptions,
     """Encode every page of the index being built at ``index_dir`` into Qdrant."""
     from tqdm import tqdm
 
-    from .backends import qdrant
-    from .encoders import load_encoder
+    from ..backends import qdrant
+    from ..encoders import load_encoder
 
     encoder = load_encoder(options.encoder)
     with tqdm(total=len(pages), unit="page", desc="encoding", disable=not progress) as bar:

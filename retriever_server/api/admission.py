@@ -36,7 +36,7 @@ from typing import TypeVar
 import anyio
 import anyio.to_thread
 
-from . import contract
+from .. import contract
 
 T = TypeVar("T")
 

@@ -3,8 +3,8 @@ atomically.
 
 Everything goes into a temporary directory beside the target, which is renamed into place only
 once complete, so readers never see a half-written index. Re-indexing builds a fresh directory
-and swaps it in crash-safely (``swap.py``: the previous one is removed after the swap, or later
-while a server still reads it).
+and swaps it in crash-safely (``storage/swap.py``: the previous one is removed after the swap,
+or later while a server still reads it).
 
 Pages are ingested in chunks (a page range of one document); with ``workers > 1`` the chunks
 run in worker processes (render + JPEG encode is CPU-bound and pdfium is not thread-safe).
@@ -24,12 +24,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .imaging import DEFAULT_DPI, DEFAULT_JPEG_QUALITY, DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
+from ..storage.imaging import DEFAULT_DPI, DEFAULT_JPEG_QUALITY, DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
+from ..storage.manifest import (MANIFEST_NAME, DocEntry, Manifest, PageEntry, image_name,
+                                missing_numbers, pdf_name, write_manifest)
+from ..storage.swap import new_build_dir, recover, swap_in
 from .ingest import DocSource, OcrPolicy, count_pages, discover, iter_pages
-from .manifest import (MANIFEST_NAME, DocEntry, Manifest, PageEntry, image_name,
-                       missing_numbers, pdf_name, write_manifest)
 from .suggest import fresh_index_dir
-from .swap import new_build_dir, recover, swap_in
 
 CHUNK_PAGES = 16
 # Below this many pages, starting worker processes costs more than it saves.
@@ -90,7 +90,7 @@ def build_index(sources: list[Path], out_dir: Path, *, min_pixels: int = DEFAULT
         raise ValueError(f"dpi must be in 18..600, got {dpi}")
     if not 1 <= jpeg_quality <= 95:
         raise ValueError(f"jpeg_quality must be in 1..95, got {jpeg_quality}")
-    recover(out_dir)  # finish or undo a swap that a crash interrupted (see swap.py)
+    recover(out_dir)  # finish or undo a swap that a crash interrupted (see storage/swap.py)
     if out_dir.exists() and not (out_dir / MANIFEST_NAME).is_file():
         # Say where it can go: a path that does not exist yet is always accepted.
         raise FileExistsError(f"{out_dir} exists and is not an index; refusing to replace it: pass an --out "
@@ -184,7 +184,7 @@ def _build_into(tmp: Path, docs, settings: dict, progress: bool,
             if pool is not None:
                 pool.shutdown(cancel_futures=True)
     # Imported here: bm25s pulls in numba, which ingest worker processes do not need.
-    from .backends import bm25
+    from ..backends import bm25
 
     pages = _without_running_headings(pages, doc_entries)
     backend = bm25.build(pages, tmp)

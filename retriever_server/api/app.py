@@ -19,18 +19,18 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import APIKeyHeader
 from pydantic import BaseModel
 
+from ..contract import JSON, MSGPACK, prefers_msgpack
+from ..serving.answer_size import AnswerTooLarge
+from ..serving.cache import DEFAULT_CACHE_BYTES
+from ..serving.lifecycle import VERSION_HEADER, IndexSlot, LoadedIndex
+from ..serving.limits import Limits
+from ..serving.regions import Band
+from ..serving.service import RequestError
 from . import problems as request_problems
 from .admission import AdmissionGate, AdmissionLimits, AdmissionMiddleware, ComputeThreads
-from .answer_size import AnswerTooLarge
-from .cache import DEFAULT_CACHE_BYTES
-from .contract import JSON, MSGPACK, prefers_msgpack
-from .lifecycle import VERSION_HEADER, IndexSlot, LoadedIndex
-from .limits import Limits
 from .metrics import ServerMetrics
-from .regions import Band
 from .schemas import (BatchCropRequest, BatchFetchRequest, BatchSearchRequest, DocumentList,
                       FetchRequest, Health, Item, Problem, SearchRequest)
-from .service import RequestError
 
 API_KEY_HEADER = "X-API-Key"
 # Routes that do the work and therefore pass admission control; the rest never queue.

@@ -23,8 +23,8 @@ import math
 from collections.abc import Callable, Sequence
 from itertools import accumulate
 
-from . import contract
-from .backends.base import Backend
+from .. import contract
+from ..backends.base import Backend
 
 ITEM_ALLOWANCE = 512  # bytes of a page item besides its image (a few headings, the framing)
 LIMIT_OPTION = "--max-answer-mib"  # ``vrag-retriever serve``'s option that sets the limit

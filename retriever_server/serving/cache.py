@@ -11,8 +11,8 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from . import contract
-from .backends.base import Backend
+from .. import contract
+from ..backends.base import Backend
 from .wire import PageFragment, make_fragment
 
 DEFAULT_CACHE_BYTES = 2 * 1024**3

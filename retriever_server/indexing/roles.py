@@ -22,7 +22,6 @@ import re
 from collections.abc import Sequence
 
 BODY, CONTENTS, INDEX, FRONT = "body", "contents", "index", "front"
-ROLES = (BODY, CONTENTS, INDEX, FRONT)
 
 # A page reference: an arabic number, or a lower-case roman one (front-matter pages: i .. xxxix).
 _PAGE = re.compile(r"[0-9]{1,4}|x{0,3}(?:ix|iv|v?i{0,3})")
@@ -86,7 +85,8 @@ def _alphabetical_fraction(entries: list[str]) -> float:
 
 
 def classify(lines: Sequence[str], page: int, num_pages: int) -> str:
-    """The role of a page (one of ``ROLES``) from its text lines; ``page`` is 1-based."""
+    """The role of a page (``BODY``, ``CONTENTS``, ``INDEX`` or ``FRONT``) from its text lines;
+    ``page`` is 1-based."""
     lines = [line.strip() for line in lines if line.strip()]
     top = [line.lower() for line in lines[:3]]
     refs = [line for line in lines if _is_reference(line)]

@@ -25,7 +25,7 @@ import shlex
 from itertools import count
 from pathlib import Path
 
-from .manifest import MANIFEST_NAME
+from ..storage.manifest import MANIFEST_NAME
 
 
 def _beside(folder: Path, suffix: str) -> Path:

@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .contract import MIN_CROP_SOURCE_SIDE, crop_band_problem
-from .imaging import center_window, fit_to_budget, render_scale
+from ..contract import MIN_CROP_SOURCE_SIDE, crop_band_problem
+from ..storage.imaging import center_window, fit_to_budget, render_scale
 
 MAX_PDF_DPI = 600
 MAX_PDF_SCALE = MAX_PDF_DPI / 72  # pixels per point at most, rendering from a PDF

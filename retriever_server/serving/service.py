@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from . import answer_size, contract, regions, wire
-from .backends.base import Backend, Hit
+from .. import contract
+from ..backends.base import Backend, Hit
+from ..storage.imaging import DEFAULT_JPEG_QUALITY
+from ..storage.store import IndexReplacedError
+from . import answer_size, regions, wire
 from .cache import FragmentCache
 from .cropping import Cropper, RegionTooSmall
-from .imaging import DEFAULT_JPEG_QUALITY
 from .limits import Limits, doc_problem, fetch_spec_problem, page_problem, parse_fetch_spec, query_problem
-from .store import IndexReplacedError
 
 
 def _unreadable(exc: Exception) -> str:

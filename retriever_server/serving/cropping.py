@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import pypdfium2 as pdfium
 from PIL import Image
 
+from ..backends.base import Backend
+from ..storage.imaging import encode_jpeg
 from . import regions
-from .backends.base import Backend
-from .imaging import encode_jpeg
 
 PDFIUM_LOCK = threading.Lock()
 FROM_PDF = "pdf"

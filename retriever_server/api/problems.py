@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from fastapi.exceptions import RequestValidationError
 
-from . import contract
+from .. import contract
 
 SCHEMA_HINT = "(the request schema is at GET /docs)"
 _MAX_ERRORS = 5

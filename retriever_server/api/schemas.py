@@ -6,8 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .contract import CROP_FACTOR
-from .imaging import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
+from ..contract import CROP_FACTOR
+from ..storage.imaging import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
 
 
 class BatchSearchRequest(BaseModel):

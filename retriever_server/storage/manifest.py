@@ -52,7 +52,7 @@ class PageEntry:
     width: int
     height: int
     bytes: int
-    # Optional (absent in indexes built before page roles): see retriever_server.roles / headings.
+    # Optional (absent in indexes built before page roles): see indexing/roles.py, headings.py.
     role: str = "body"
     headings: list[str] = field(default_factory=list)
     # Optional (absent for PDF pages, unnumbered folders and older indexes): the number in the

@@ -9,10 +9,10 @@ import sys
 
 from fastapi import FastAPI
 
+from ..serving.cache import PRELOAD_FORMS
+from ..serving.limits import Limits
 from .admission import AdmissionLimits
 from .app import create_app
-from .cache import PRELOAD_FORMS
-from .limits import Limits
 
 ENV_INDEX = "VRAG_RETRIEVER_INDEX"
 ENV_API_KEY = "VRAG_RETRIEVER_API_KEY"

@@ -22,7 +22,7 @@ from typing import Any, Optional, Union
 
 import msgspec
 
-from . import contract
+from .. import contract
 
 page_id = contract.page_id  # VRAG's page naming: ``<doc>_<page>``, page 1-based
 FORMS = (contract.JSON, contract.MSGPACK)
