@@ -39,7 +39,6 @@ calls); `shutdown()` stops the engine core.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 import uuid
