@@ -102,13 +102,13 @@ def test_response_log_probs_equal_the_engines_on_freely_sampled_tokens(tiny_mode
                       calculate_log_probs=True, temperature=TEMPERATURE)
     agent = _FreeLastTurn(str(tiny_model_dir), base.config, tiny_processor.tokenizer, tiny_processor,
                           inference_engine=tiny_llm, retriever=retriever)
-    agent.free_from = {}
+    agent.driver.free_from = {}
     batch = agent.generate_sequences(prompt_batch(tiny_processor, sample_prompts(2), agent))
     with torch.no_grad():
         log_prob = response_log_probs(fresh_model(tiny_model_dir), tiny_processor, batch, TEMPERATURE)
     free = batch.batch["loss_mask"].bool().clone()
     for row in range(len(free)):
-        free[row, :agent.free_from.get(row, free.shape[1])] = False
+        free[row, :agent.driver.free_from.get(row, free.shape[1])] = False
     assert free.sum() > 20
     assert (log_prob - batch.batch["rollout_log_probs"]).abs()[free].max() < 1e-3
 

@@ -59,9 +59,20 @@ class vLLMRollout(BaseRollout):
             model_path, config, tokenizer, processor, logits_width=_logits_width(self.inference_engine, model_path),
             tools=self.with_tools, retriever=retriever, data_parallel_rank=data_parallel_rank, group_sync=group_sync)
         self.driver.logprobs_mode = self.logprobs_mode = check_engine_limits(self.driver.config, self.inference_engine)
-        # What callers read of the rollout: its settings, model and tokenizer (the driver's own).
-        self.config, self.family = self.driver.config, self.driver.family
-        self.tokenizer, self.processor = self.driver.tokenizer, processor
+        self.processor = processor
+
+    # What callers read of the rollout: the driver's own settings, model family and tokenizer.
+    @property
+    def config(self) -> AgentRolloutConfig:
+        return self.driver.config
+
+    @property
+    def family(self) -> Any:
+        return self.driver.family
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.driver.tokenizer
 
     @contextmanager
     def update_sampling_params(self, **kwargs: Any) -> Iterator[None]:
@@ -101,4 +112,12 @@ class vLLMRolloutAgent(vLLMRollout):
                  inference_engine: Any = None, retriever: Any = None, **kwargs: Any):
         super().__init__(model_path, config, tokenizer, processor, inference_engine=inference_engine,
                          retriever=retriever, **kwargs)
-        self.retriever = self.driver.retriever
+
+    @property
+    def retriever(self) -> Any:
+        """The retriever the driver calls; replacing it here replaces the driver's."""
+        return self.driver.retriever
+
+    @retriever.setter
+    def retriever(self, retriever: Any) -> None:
+        self.driver.retriever = retriever
