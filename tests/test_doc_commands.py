@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from vrag_rollout.cli import build_parser
 
 from tests.doc_blocks import bash_blocks, run_logged
@@ -218,6 +220,7 @@ def test_learn_synopsis_shows_the_defaults():
         assert float(value) == float(getattr(args, option[2:].replace("-", "_"))), option
 
 
+@pytest.mark.engine  # `make demo`, `make learn`, ...: subprocesses that start engines
 def test_doc_commands_run_as_written(tmp_path):
     session = Session(tmp_path)
     problems, ran, times = [], 0, []
