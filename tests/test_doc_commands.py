@@ -57,7 +57,7 @@ SKIPPED_DOCS = {
                     "script (scripts/check_verl.py) does is run in-process by "
                     "tests/integrations/test_verl_agent_loop.py (a saved verl batch through `check --forward`)",
 }
-COMMAND_TIMEOUT_S = 300
+COMMAND_TIMEOUT_S = 600  # a hang guard; the commands share the cores with the in-process tests
 
 # Command (as in the doc, comment included) -> why it is not run.
 NOT_RUN = {
