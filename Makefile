@@ -1,7 +1,7 @@
 # Every target sets up .venv first (idempotent; a few minutes on a fresh machine).
 PY := .venv/bin/python
 
-.PHONY: setup demo learn test bench
+.PHONY: setup demo learn test test-fast bench
 setup:
 	bash scripts/setup.sh
 
@@ -16,6 +16,11 @@ learn: setup
 
 test: setup
 	$(PY) -m pytest
+
+# The tests that start no vLLM engine and run no model (tests/conftest.py marks the others
+# `engine`), on every core.
+test-fast: setup
+	$(PY) -m pytest -m "not engine" -n auto
 
 bench: setup
 	$(PY) scripts/bench_observation.py

@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from vrag_rollout.cli import build_parser
 
 from tests.doc_blocks import bash_blocks, run_logged
@@ -55,7 +57,7 @@ SKIPPED_DOCS = {
                     "script (scripts/check_verl.py) does is run in-process by "
                     "tests/integrations/test_verl_agent_loop.py (a saved verl batch through `check --forward`)",
 }
-COMMAND_TIMEOUT_S = 300
+COMMAND_TIMEOUT_S = 600  # a hang guard; the commands share the cores with the in-process tests
 
 # Command (as in the doc, comment included) -> why it is not run.
 NOT_RUN = {
@@ -153,10 +155,11 @@ def setup_stamp(work: Path) -> str:
 
 
 class Session:
-    """A fresh-clone copy with a set-up ``.venv``, where commands run one by one."""
+    """A fresh-clone copy with a set-up ``.venv``, where commands run one by one (``job``: the
+    background job running them, tests/background.py)."""
 
-    def __init__(self, work: Path):
-        self.work, self.count, self.ran = work, 0, set()
+    def __init__(self, work: Path, job=None):
+        self.work, self.count, self.ran, self.job = work, 0, set(), job
         copy_tracked_files(work)
         venv, real = work / ".venv", Path(sys.executable).parent.parent
         venv.mkdir()
@@ -172,7 +175,9 @@ class Session:
 
     def run(self, command: str) -> tuple[int, str, str]:
         self.count += 1
-        return run_logged(command, self.work, self.count, COMMAND_TIMEOUT_S)
+        if self.job is None:
+            return run_logged(command, self.work, self.count, COMMAND_TIMEOUT_S)
+        return self.job.run_command(command, self.work, self.count, COMMAND_TIMEOUT_S)
 
 
 def check(command: str, code: int, out: str, err: str, work: Path, actual: str = "") -> str | None:
@@ -218,8 +223,9 @@ def test_learn_synopsis_shows_the_defaults():
         assert float(value) == float(getattr(args, option[2:].replace("-", "_"))), option
 
 
-def test_doc_commands_run_as_written(tmp_path):
-    session = Session(tmp_path)
+def run_doc_commands(work: Path, job=None) -> tuple[list[str], int, list[str], Path]:
+    """Every doc command in a fresh `Session` in `work`: (problems, commands run, their times, `work`)."""
+    session = Session(work, job)
     problems, ran, times = [], 0, []
     for doc, heading, command in all_commands():
         actual = SUBSTITUTIONS.get(command, (command, ""))[0]
@@ -230,15 +236,25 @@ def test_doc_commands_run_as_written(tmp_path):
         code, out, err = session.run(actual)
         times.append(f"{time.monotonic() - start:5.1f}s {actual}")
         ran += 1
-        if (problem := check(command, code, out, err, tmp_path, actual)) is not None:
+        if (problem := check(command, code, out, err, work, actual)) is not None:
             problems.append(f"[{doc}: {heading}] {actual}\n  -> {problem}\n"
                             f"  stdout: {out[-600:]!r}\n  stderr: {err[-600:]!r}")
+    return problems, ran, times, work
+
+
+# The commands are subprocesses (`make demo`, `make learn`, ...) that start engines: they run
+# beside the in-process tests from the start of the session (tests/background.py), and the test
+# reads their outcome.
+@pytest.mark.engine
+@pytest.mark.background.with_args(run_doc_commands)  # with_args: the argument is a function
+def test_doc_commands_run_as_written(background):
+    problems, ran, times, work = background
     print("\n".join(times))
     assert not problems, "\n\n".join(problems)
     assert ran >= 10
     # README: "Re-record after changing the corpus or the indexer" -- the recorded fixture is
     # what record-fixtures writes today.
-    recorded = tmp_path / "tests" / "fixtures" / "sample_retrieval.json"
+    recorded = work / "tests" / "fixtures" / "sample_retrieval.json"
     assert recorded.read_bytes() == (ROOT / "tests/fixtures/sample_retrieval.json").read_bytes(), \
         "tests/fixtures/sample_retrieval.json is stale: re-record it"
 

@@ -134,6 +134,7 @@ import vllm.triton_utils.importing
 """
 
 
+@pytest.mark.engine  # two processes importing vLLM
 def test_a_cpu_run_starts_without_the_gpu_warnings(tmp_path):
     """vLLM's import and torch's extension module, as an engine start imports them (CUDA_HOME
     set, no GPU visible), print their GPU-only warnings; not after `configure_cpu_defaults`."""

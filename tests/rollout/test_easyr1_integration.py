@@ -841,6 +841,7 @@ def test_setup_hook_patches_modules_when_first_imported(easyr1):
     assert sum(isinstance(f, glue._PatchOnImport) for f in sys.meta_path) == 1
 
 
+@pytest.mark.engine  # a Ray cluster whose worker imports verl's training stack
 def test_hook_patches_inside_ray_worker_processes(easyr1):
     """The runtime_env from make_runtime_env reaches a real Ray worker and patches EasyR1 there."""
     ray = pytest.importorskip("ray")

@@ -1,5 +1,5 @@
 """The closed GRPO loop (`training/learn.py`, wired by `devkit/learn_job.py`) learns, on the
-session's tiny engine, the find-the-page task (`devkit/learn_task.py`):
+tiny Qwen2-VL's engine, the find-the-page task (`devkit/learn_task.py`):
 
 - the reward over the last steps is clearly above the first steps, and every post-sync logprob gap
   is within 1e-3 (the engine served each step's new weights);
@@ -11,7 +11,10 @@ session's tiny engine, the find-the-page task (`devkit/learn_task.py`):
   the initial model (the engine really served trained weights);
 - a skipped sync fails the run.
 
-The engine is synced back to the original weights (and checked) after each run: other tests share it.
+The two 16-step runs (the real one and control 1) run in a process of their own with its own
+engine, beside the other tests (`learn_runs.py`, tests/background.py); the other runs here use
+the session's engine, which is synced back to the original weights (and checked) after them:
+other tests share it.
 """
 
 from __future__ import annotations
@@ -24,18 +27,15 @@ import torch
 from PIL import Image
 from transformers import AutoModelForImageTextToText
 
-from tests.conftest import SAMPLE_RETRIEVAL
+from tests import background
+from tests.rollout.learn_runs import SETTINGS, STEPS, fixture_retriever, learn_from_the_start, learn_runs
 from vrag_rollout.devkit.learn_job import run_learn
-from vrag_rollout.engine.weights import SYNC_TOLERANCE, check_synced, logprob_gap, sync_weights
-from vrag_rollout.retrieval.client import RetrieverClient
-from vrag_rollout.retrieval.fixtures import FixtureTransport
+from vrag_rollout.engine.weights import SYNC_TOLERANCE, check_synced, sync_weights
 from vrag_rollout.training import grpo
 from vrag_rollout.training.learn import (GAP_TOLERANCE, MOVEMENT_FACTOR, STEP_FIELDS, LearnError, check_record,
                                          no_signal, reward_summary)
 from vrag_rollout.verify.check import run_check
 
-STEPS = 16  # measured: the reward rises from about 0.15 to about 0.8 by then (docs/learning.md)
-SETTINGS = dict(steps=STEPS, batch_size=3, n=8, lr=1e-3, seed=0)
 MIN_GAIN = 0.2
 
 
@@ -47,51 +47,24 @@ def original(tiny_model_dir, tiny_processor, tiny_llm):
     check_synced(tiny_llm, model, tiny_processor)
 
 
-def fixture_retriever():
-    return RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))
-
-
-def learn_from_the_start(out, tiny_model_dir, tiny_processor, tiny_llm, original, **settings):
-    """A run from the original weights, recording each step's log-prob gradient and masks."""
-    sync_weights(tiny_llm, original)  # a previous run left its trained weights in the shared engine
-    steps, real_loss = [], grpo.grpo_loss
-
-    def recording_loss(*args, **kwargs):
-        loss, log_prob, advantages, metrics = real_loss(*args, **kwargs)
-        log_prob.retain_grad()
-        batch = args[2]
-        steps.append((log_prob, batch.batch["loss_mask"].bool(), batch.batch["response_mask"].bool()))
-        return loss, log_prob, advantages, metrics
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(grpo, "grpo_loss", recording_loss)
-        result = run_learn(out, **{**SETTINGS, **settings}, model_dir=tiny_model_dir, processor=tiny_processor,
-                           llm=tiny_llm, retriever=fixture_retriever(), progress=False)
-    result["steps"] = steps
-    result["lines"] = (out / "metrics.jsonl").read_text().splitlines()
-    return result
+@pytest.fixture(scope="module")
+@background.uses(learn_runs)
+def runs(tmp_path_factory):
+    return background.result(learn_runs, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, tiny_model_dir, tiny_processor, tiny_llm, original):
-    before = logprob_gap(tiny_llm, original, tiny_processor)
-    result = learn_from_the_start(tmp_path_factory.mktemp("learn"), tiny_model_dir, tiny_processor, tiny_llm, original)
-    result["gap_before"] = before
-    result["gap_after"] = logprob_gap(tiny_llm, original, tiny_processor)
-    print(f"\nlearn: {result['summary']}; original-model gap before {before:.3e}, after {result['gap_after']:.3e}")
-    return result
+def run(runs):
+    """The real run: records, summary, metrics lines, per-step (gradient, loss mask, response mask),
+    `trained` weights, `final_dir`, `eval_path`, the run's own check `report`, the engine's gap to
+    the original model before and after."""
+    return runs["run"]
 
 
 @pytest.fixture(scope="module")
-def flipped(tmp_path_factory, tiny_model_dir, tiny_processor, tiny_llm, original, run):
+def flipped(runs):
     """Control 1: the same start and settings, every advantage negated (verl's, then times -1)."""
-    real = grpo.grpo_advantages
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(grpo, "grpo_advantages", lambda *args, **kwargs: -real(*args, **kwargs))
-        result = learn_from_the_start(tmp_path_factory.mktemp("flipped"), tiny_model_dir, tiny_processor, tiny_llm,
-                                      original, evaluate=False)
-    print(f"\nflipped advantages: {result['summary']}")
-    return result
+    return runs["flipped"]
 
 
 # --- it learns, and the controls do not ----------------------------------------------------------
@@ -114,23 +87,26 @@ def test_control_flipped_advantages_the_reward_falls(run, flipped):
 def test_observation_tokens_get_exactly_zero_gradient_in_the_real_run(run):
     assert len(run["steps"]) == STEPS
     observed_total = 0
-    for log_prob, sampled, response in run["steps"]:
+    for grad, sampled, response in run["steps"]:
         observed = response & ~sampled
         observed_total += int(observed.sum())
-        assert (log_prob.grad[observed] == 0).all()
-        assert (log_prob.grad[~response] == 0).all()
+        assert (grad[observed] == 0).all()
+        assert (grad[~response] == 0).all()
     assert observed_total > 0, "the run's episodes must hold observation tokens (fetched pages)"
 
 
 def test_control_observations_in_the_mask_get_a_gradient(tmp_path, tiny_model_dir, tiny_processor, tiny_llm,
                                                          original, run):
-    """Control 2: the loss over `response_mask` (sampled and observed tokens) instead of `loss_mask`."""
+    """Control 2: the loss over `response_mask` (sampled and observed tokens) instead of `loss_mask`.
+    One step is enough: it is the real run's first rollout (the same start and seeds), whose
+    episodes fetched pages (the first step of `make learn` shows retrieval), and a step without
+    observation tokens fails the first assertion rather than pass."""
     real = grpo.grpo_loss
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(grpo, "grpo_loss", lambda *args, **kwargs: real(*args, **{**kwargs, "mask_key": "response_mask"}))
-        control = learn_from_the_start(tmp_path, tiny_model_dir, tiny_processor, tiny_llm, original, steps=2,
+        control = learn_from_the_start(tmp_path, tiny_model_dir, tiny_processor, tiny_llm, original, steps=1,
                                        evaluate=False)
-    observed_grads = [log_prob.grad[response & ~sampled] for log_prob, sampled, response in control["steps"]]
+    observed_grads = [grad[response & ~sampled] for grad, sampled, response in control["steps"]]
     assert sum(len(g) for g in observed_grads) > 0
     assert any((g != 0).any() for g in observed_grads)
 
@@ -197,7 +173,7 @@ def test_the_plot_is_written(run):
 
 def test_final_holds_the_trained_weights(run, original):
     final = AutoModelForImageTextToText.from_pretrained(run["final_dir"], dtype=torch.float32)
-    trained = dict(run["hf_model"].named_parameters())
+    trained = run["trained"]  # the run's HF model's parameters after its last step
     assert all(torch.equal(p, trained[name]) for name, p in final.named_parameters())
     moved = sum(float((trained[name].detach() - p.detach()).abs().sum()) for name, p in original.named_parameters())
     assert moved > 0

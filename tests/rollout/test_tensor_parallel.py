@@ -12,6 +12,8 @@ import pytest
 
 from tests.rollout.tp_ranks import run_rank
 
+pytestmark = pytest.mark.engine  # each rank is a process with its own engine
+
 
 def _free_port() -> int:
     with socket.socket() as sock:
