@@ -197,7 +197,7 @@ def make_dataset(work: Path, index_dir: Path, action_format: str, task: bool = F
     file (in `source_format`'s layout, about the sample corpus documents) converted instead."""
     from retriever_server.sample_corpus import SAMPLE_FACTS
     from vrag_rollout.data.dataset import convert_dataset, make_prompt
-    from vrag_rollout.devkit.learn_task import TASK_INSTRUCTIONS, TOOL_CALL_TASK_INSTRUCTIONS, task_facts
+    from vrag_rollout.devkit.learn_task import task_facts, task_instructions
 
     if data is not None:
         out = work / "train.parquet"
@@ -222,7 +222,7 @@ def make_dataset(work: Path, index_dir: Path, action_format: str, task: bool = F
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        instructions = TOOL_CALL_TASK_INSTRUCTIONS if action_format == "tool_call" else TASK_INSTRUCTIONS
+        instructions = task_instructions(action_format)
         table = pq.read_table(out)
         prompts = pa.array([make_prompt(row["query"], instructions) for row in rows], type=pa.string())
         pq.write_table(table.set_column(table.column_names.index("prompt"), "prompt", prompts), out)
@@ -312,10 +312,9 @@ def logprob_gap(worker, batch, banned_ids, free_from: dict, tokenizer) -> dict:
 def probe_regex(action_format: str, max_page: int = 3) -> str:
     """A gap probe's turns before its free last turn: fetch a page every sample document has
     (1..3), so every probe episode reaches its free turn after retrieved pages."""
-    if action_format == "tool_call":
-        return ('<tool_call>\n\\{"name": "fetch", "arguments": \\{"page": [1-' + str(max_page)
-                + '], "mode": "image"\\}\\}\n</tool_call>')
-    return f"<fetch>image, [1-{max_page}]</fetch>"
+    from vrag_rollout.formats import format_named
+
+    return format_named(action_format).regex_fetch(f"[1-{max_page}]", modes="image")
 
 
 def batch_loss(micro_losses, response_mask, micro_batch_size: int) -> float:
@@ -465,7 +464,9 @@ def main() -> int:
         parquet = make_dataset(work, index_dir, args.action_format, task=args.steps > 0, data=args.data,
                                source_format=args.source_format)
         band = demo_page_band(AutoProcessor.from_pretrained(model_dir))  # inside the processor's own limits
-        native = args.action_format == "tool_call"
+        from vrag_rollout.formats import format_named
+
+        native = format_named(args.action_format).renders_tools  # prompts carry the tool schemas
         config = glue.load_ppo_config([
             f"config={REPO / 'examples' / 'easyr1_vrag.yaml'}",
             f"data.train_files={parquet}", f"data.val_files={parquet}",
@@ -490,10 +491,9 @@ def main() -> int:
         ] + ([f"worker.actor.optim.lr={args.lr}", "algorithm.disable_kl=true", "algorithm.use_kl_loss=false"]
              if args.steps else []))
         from retriever_server.sample_corpus import SAMPLE_FACTS
-        from vrag_rollout.devkit.demo import DEMO_MAX_PAGE, action_regex, one_of, tool_call_regex
+        from vrag_rollout.devkit.demo import DEMO_MAX_PAGE, one_of, turn_regex
 
-        regex = tool_call_regex if native else action_regex
-        config.worker.rollout.action_regex = regex(one_of(sorted(SAMPLE_FACTS)), DEMO_MAX_PAGE)
+        config.worker.rollout.action_regex = turn_regex(args.action_format, one_of(sorted(SAMPLE_FACTS)), DEMO_MAX_PAGE)
         # What the Ray workers of a real job get from make_runtime_env: for tool_call, the
         # variable that makes the patched RLHFDataset render prompts with the tool schemas.
         job_env = glue.make_runtime_env(config)["env_vars"]

@@ -1,7 +1,7 @@
 """The package's layers as rules on its imports, read from the source (ast; nothing imported).
 
-vrag_rollout: `core/` is pure (no engine, no retriever, no vllm, no HTTP library); only
-`engine/` imports vllm; `verify/` imports only `verify/`; `retrieval/` imports nothing of the
+vrag_rollout: `core/` is pure (no engine, no retriever, no vllm, no HTTP library); `formats/`
+(one module per action format) only `core/`; only `engine/` imports vllm; `verify/` imports only `verify/`; `retrieval/` imports nothing of the
 episode logic, the engine or the rollout; `training/` (the policy update) only `core/`; nothing
 below `rollout/` imports it; no import cycle.
 retriever_server, lowest layer first: `contract` (the wire contract) imports nothing; `storage/`
@@ -111,6 +111,7 @@ LEAVES = ("config", "protocol", "families", "logit_bias", "turn_output")  # top-
 ROLLOUT_RULES = [
     ("core", ["core", *LEAVES], ("vllm", "retriever_server", *HTTP)),
     ("engine", ["engine", *LEAVES], ()),
+    ("formats", ["formats", "core", *LEAVES], ("vllm", "retriever_server", *HTTP)),
     ("retrieval", ["retrieval"], ("vllm",)),
     ("verify", ["verify"], ("vllm", "retriever_server")),
     ("training", ["training", "core", *LEAVES], ("vllm", "retriever_server", *HTTP)),
@@ -141,7 +142,7 @@ def test_only_the_engine_layer_imports_vllm(rollout_graph):
 
 
 def test_nothing_below_the_rollout_layer_imports_it(rollout_graph):
-    below = ("core", "engine", "retrieval", "verify", "training")
+    below = ("core", "engine", "formats", "retrieval", "verify", "training")
     assert [f"{m} imports {t}" for m in rollout_graph for t in modules_imported(rollout_graph, m)
             if any(in_layer(m, f"vrag_rollout.{b}") for b in below) and in_layer(t, "vrag_rollout.rollout")] == []
 
@@ -208,6 +209,8 @@ def test_the_checks_catch_planted_violations(rollout_graph):
     assert library_users(plant("vrag_rollout.rollout.agent", "vllm"), "vllm") - library_users(
         rollout_graph, "vllm") == {"vrag_rollout.rollout.agent"}
     assert cycles(plant("vrag_rollout.core.actions", "vrag_rollout.core.step")) != []
+    assert violations(plant("vrag_rollout.formats.tags", "vrag_rollout.rollout.tools.Observer"), "vrag_rollout",
+                      ROLLOUT_RULES) == ["vrag_rollout.formats.tags imports vrag_rollout.rollout.tools"]
 
 
 # (importer, what it is made to import, the violation reported), one per retriever_server rule.

@@ -48,7 +48,7 @@ from tests.rollout.agent_helpers import sample_prompts  # noqa: E402
 from vrag_rollout.devkit.demo import demo_config, demo_page_band  # noqa: E402
 from vrag_rollout.integrations.verl.agent_loop import SAMPLE_COLUMN  # noqa: E402
 from vrag_rollout.integrations.verl.local import local_worker, prompt_rows  # noqa: E402
-from vrag_rollout.rollout.formats import FORMATS  # noqa: E402
+from vrag_rollout.formats import FORMATS  # noqa: E402
 from vrag_rollout.verify.check import check_batch  # noqa: E402
 from vrag_rollout.verify.saved_batch import from_dataproto  # noqa: E402
 

@@ -17,7 +17,7 @@ import pytest
 
 from vrag_rollout.core.actions import TOOL_STOPS
 from vrag_rollout.integrations.verl.turns import turn_output
-from vrag_rollout.rollout.formats import FORMATS
+from vrag_rollout.formats import FORMATS
 
 TAIL = " and I keep writing.<answer>2</answer>"  # what a resubmitted request samples past the stop
 # The text before each stop string, as an action of that stop's tag writes it.

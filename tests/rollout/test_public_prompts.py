@@ -8,7 +8,7 @@ import pytest
 
 from vrag_rollout import AgentRolloutConfig, PromptSample, build_prompts
 from vrag_rollout.data.prompts import AGENT_INSTRUCTIONS, TOOL_CALL_INSTRUCTIONS
-from vrag_rollout.rollout.formats import ToolCallFormat
+from vrag_rollout.formats import ToolCallFormat
 
 from tests.rollout.agent_helpers import cover_image
 

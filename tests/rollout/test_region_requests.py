@@ -14,7 +14,7 @@ from vrag_rollout.core.observation import Observation
 from vrag_rollout.core.regions import RegionError, RegionRequest
 from vrag_rollout.core.tool_turns import ToolCalls
 from vrag_rollout.core.vision import PageImage
-from vrag_rollout.rollout.formats import ToolCallFormat
+from vrag_rollout.formats import ToolCallFormat
 
 
 def page(width=200, height=100) -> PageImage:

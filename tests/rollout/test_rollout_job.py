@@ -72,7 +72,7 @@ def test_the_verl_layout_reads_back_the_same_questions(own, tmp_path):
 def test_the_acting_grammar_fetches_only_pages_the_documents_have(own):
     import re
 
-    from vrag_rollout.devkit.demo import FREE_QUERY, action_regex, page_numbers
+    from vrag_rollout.devkit.demo import FREE_QUERY, page_numbers, turn_regex
     from vrag_rollout.devkit.rollout_job import grammar_max_page, page_counts_of
 
     assert grammar_max_page(page_counts_of(own.parquet, 8), None) == 3
@@ -80,7 +80,7 @@ def test_the_acting_grammar_fetches_only_pages_the_documents_have(own):
     assert grammar_max_page(None, None) == 9
     pages = re.compile(page_numbers(12))
     assert all(pages.fullmatch(str(n)) for n in range(1, 13)) and not pages.fullmatch("13")
-    turn = re.compile(action_regex(FREE_QUERY, 3, answer=False))
+    turn = re.compile(turn_regex("tags", FREE_QUERY, 3, answer=False))
     assert turn.fullmatch("<think>look</think><search>compost bins</search>")
     assert turn.fullmatch("<think>look</think><fetch>image, 3</fetch>")
     assert not turn.fullmatch("<think>look</think><fetch>image, 4</fetch>")

@@ -87,6 +87,15 @@ class Invalid:
 Action = Union[Search, Fetch, Crop, Answer, Stop, Invalid]
 
 
+@dataclass
+class ToolCall:
+    """One request of a turn for the retriever: the action and whose document it reads."""
+
+    sample: int  # index into the turn's episode list
+    action: Union[Search, Fetch]  # (or a resolved region request)
+    doc_id: Optional[str]
+
+
 def parse_action(
     text: str,
     finish_reason: str,

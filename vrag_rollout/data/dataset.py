@@ -92,10 +92,9 @@ from pydantic_core import PydanticCustomError
 from retriever_server.indexing.suggest import no_index_at
 
 from .json_numbers import SourceNumber, loads
-from .prompts import AGENT_INSTRUCTIONS, TOOL_CALL_INSTRUCTIONS, instructions_for
+from ..formats import FORMATS
+from .prompts import AGENT_INSTRUCTIONS, instructions_for
 from .sources import MISSING, layout_hint
-
-INSTRUCTIONS = {"tags": AGENT_INSTRUCTIONS, "tool_call": TOOL_CALL_INSTRUCTIONS}
 
 COLUMNS = ("prompt", "answer", "doc_id", "gold_pages", "question_id")
 PAGE_COUNT = "page_count"  # AgentRolloutConfig.page_count_key's default
@@ -392,8 +391,8 @@ def convert_rows(path: Path, *, page_base: int = 1, documents: Optional[dict] = 
     names the input's layout (see the module docstring)."""
     if page_base not in (0, 1):
         raise ValueError(f"page_base must be 0 or 1, got {page_base}")
-    if action_format not in INSTRUCTIONS:
-        raise ValueError(f"action_format must be one of {sorted(INSTRUCTIONS)}, got {action_format!r}")
+    if action_format not in FORMATS:
+        raise ValueError(f"action_format must be one of {sorted(FORMATS)}, got {action_format!r}")
     if source_format not in SOURCE_FORMATS:
         raise ValueError(f"source_format must be one of {', '.join(SOURCE_FORMATS)}, got {source_format!r}")
     from_set = source_format != "vidoseek"

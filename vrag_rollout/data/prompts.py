@@ -16,16 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+from ..formats import TagFormat, ToolCallFormat, format_named
+
 # torch, numpy and the batch type load when a batch is built: the instructions and `PromptSample`
 # stay cheap to import for the commands' checks before any model loads.
 
-AGENT_INSTRUCTIONS = (
-    "Answer the question about the document using its pages. "
-    "To search the document write <search>a short query</search>. "
-    "To read one page write <fetch>image, N</fetch> or <fetch>text, N</fetch> (pages start at 1). "
-    "Results come back inside <result></result>. "
-    "Think inside <think></think> and give the final answer inside <answer></answer>."
-)
+# The formats' default instructions (each format's module holds its own).
+AGENT_INSTRUCTIONS = TagFormat.instructions
+TOOL_CALL_INSTRUCTIONS = ToolCallFormat.instructions
 
 
 @dataclass
@@ -36,23 +34,9 @@ class PromptSample:
     instructions: str = AGENT_INSTRUCTIONS
 
 
-TOOL_CALL_INSTRUCTIONS = (
-    "Answer the question about the document using its pages. Call search to find pages and fetch "
-    "to read one page (pages start at 1). Think inside <think></think> and give the final answer, "
-    "without a tool call, inside <answer></answer>."
-)
-# With the region action (`region_action=True`), one more sentence per format.
-REGION_INSTRUCTIONS = {
-    "tags": " To look closer at a region of a page shown as an image write <crop>N, [x1, y1, x2, y2]</crop> "
-            "(the box in your grounding coordinates on that image); the region comes back enlarged.",
-    "tool_call": " Call crop to look closer at a region of a page shown as an image.",
-}
-
-
 def instructions_for(action_format: str, region_action: bool = False) -> str:
     """The default instructions of an action format, with the region action's when it is on."""
-    base = {"tags": AGENT_INSTRUCTIONS, "tool_call": TOOL_CALL_INSTRUCTIONS}[action_format]
-    return base + REGION_INSTRUCTIONS[action_format] if region_action else base
+    return format_named(action_format).instructions_for(region_action)
 
 
 def render_prompt(tokenizer: Any, sample: PromptSample, tools: Optional[Sequence[dict]] = None,
@@ -136,20 +120,16 @@ def build_prompts(samples: Sequence[PromptSample], *, tokenizer: Any, processor:
     given its format's (`instructions_for`: `TOOL_CALL_INSTRUCTIONS` in the native format, and the
     region action's sentence with `region_action`); other instructions are used as they are."""
     from dataclasses import replace
-    from pathlib import Path
-
-    from ..core.tool_turns import tools_for
 
     if not samples:
         raise ValueError("build_prompts: no samples")
-    tool_call = config.action_format == "tool_call"
-    default = instructions_for(config.action_format, bool(getattr(config, "region_action", False)))
+    action_format = format_named(config.action_format)
+    default = action_format.instructions_for(bool(getattr(config, "region_action", False)))
     samples = [replace(sample, instructions=default) if sample.instructions == AGENT_INSTRUCTIONS else sample
                for sample in samples]
-    template = Path(config.chat_template).read_text(encoding="utf-8") if tool_call and config.chat_template else None
     return build_prompt_batch(tokenizer, processor, samples, config.prompt_length, doc_id_key=config.doc_id_key,
                               position_rows=3 if config.position_ids_layout == "3" else 4,
-                              tools=tools_for(config) if tool_call else None, chat_template=template)
+                              tools=action_format.prompt_tools(config), chat_template=action_format.prompt_template(config))
 
 
 def expand_pads(ids: Sequence[int], grids: Sequence[tuple[int, int, int]], image_pad: int, merge: int) -> list[int]:

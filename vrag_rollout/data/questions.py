@@ -60,11 +60,11 @@ def _verl_prompt(messages: object) -> str:
 
 
 def written_for(samples: list) -> Optional[tuple[str, bool]]:
-    """(action_format, region_action) whose default instructions (`prompts.instructions_for`)
+    """(action_format, region_action) whose default instructions (`instructions_for` of each format)
     every sample carries, or None (instructions of the user's own, or mixed)."""
-    from .prompts import instructions_for
+    from ..formats import FORMATS
 
-    kinds = {(fmt, region): instructions_for(fmt, region) for fmt in ("tags", "tool_call") for region in (False, True)}
+    kinds = {(name, region): fmt.instructions_for(region) for name, fmt in FORMATS.items() for region in (False, True)}
     found = {kind for sample in samples for kind, text in kinds.items() if sample.instructions == text}
     matched = all(sample.instructions in kinds.values() for sample in samples)
     return found.pop() if matched and len(found) == 1 else None

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from ..config import AgentRolloutConfig
 from ..data.prompts import PromptSample, build_prompts
+from ..formats import format_named
 
 # The tiny model is random: a grammar makes vLLM's own sampling write well-formed actions.
 # The demo's queries come from a closed list so recorded retriever fixtures cover every call;
@@ -52,33 +53,23 @@ def _boxes() -> str:
     return one_of([str(list(box)) for box in DEMO_BOXES])
 
 
-def action_regex(query: str, max_page: int, answer: bool = True, fetch: bool = True) -> str:
-    """The tags format's turn: a thought, then a search (its query matching the pattern `query`),
-    (with `fetch`) a fetch of a page up to `max_page`, or (with `answer`) an answer."""
-    actions = f"<search>({query})</search>"
-    actions += f"|<fetch>(image|text), {page_numbers(max_page)}</fetch>" if fetch else ""
-    actions += "|" + _ANSWER if answer else ""
-    return r"<think>[a-z ]{3,16}</think>(" + actions + ")"
+_THOUGHT = r"<think>[a-z ]{3,16}</think>"
 
 
-def tool_call_regex(query: str, max_page: int, answer: bool = True, fetch: bool = True) -> str:
-    """The native format's turn: a thought, then one or two tool calls as the chat template
-    writes them (search; with `fetch`, fetch), or (with `answer`) an answer; the grammar's end
-    leaves only the end-of-turn token."""
-    search = r'<tool_call>\n\{"name": "search", "arguments": \{"query": "(' + query + r')"\}\}\n</tool_call>'
-    fetch_call = (r'<tool_call>\n\{"name": "fetch", "arguments": \{"page": ' + page_numbers(max_page)
-                  + r', "mode": "(image|text)"\}\}\n</tool_call>')
-    call = f"({search}{'|' + fetch_call if fetch else ''})"
-    answer_branch = "|" + _ANSWER if answer else ""
-    return rf"<think>[a-z ]{{3,16}}</think>(\n{call}(\n{call})?{answer_branch})"
+def turn_regex(action_format: str, query: str, max_page: int, answer: bool = True, fetch: bool = True) -> str:
+    """A turn of the format's grammar: a thought, then a search (its query matching the pattern
+    `query`), (with `fetch`) a fetch of a page up to `max_page`, or (with `answer`) an answer; in
+    the native format one or two calls as the chat template writes them."""
+    fmt = format_named(action_format)
+    calls = [fmt.regex_search(query)] + ([fmt.regex_fetch(page_numbers(max_page))] if fetch else [])
+    return fmt.regex_turn(_THOUGHT, calls, _ANSWER if answer else None)
 
 
 def acting_grammar(action_format: str, query: str, max_page: int) -> dict:
     """The config fields that make a random model act: a first turn that must search or fetch
     (so every episode retrieves), and later turns that search, fetch or answer."""
-    grammar = tool_call_regex if action_format == "tool_call" else action_regex
-    return {"first_turn_action_regex": grammar(query, max_page, answer=False),
-            "action_regex": grammar(query, max_page)}
+    return {"first_turn_action_regex": turn_regex(action_format, query, max_page, answer=False),
+            "action_regex": turn_regex(action_format, query, max_page)}
 
 
 # A later turn of the region demo looks closer or answers, and the thought decides which: the
@@ -94,11 +85,8 @@ _ANSWER_THOUGHT = r"<think>[t-z][a-z ]{2,15}</think>"
 def region_turn_regex(action_format: str = "tags") -> str:
     """A later turn with the region action: a look closer at the last page shown (`<bbox>`, or
     the `crop` tool without a page), or an answer."""
-    if action_format == "tool_call":
-        crop = r'\n<tool_call>\n\{"name": "crop", "arguments": \{"bbox": (' + _boxes() + r')\}\}\n</tool_call>'
-    else:
-        crop = f"<bbox>({_boxes()})</bbox>"
-    return f"({_CROP_THOUGHT}{crop}|{_ANSWER_THOUGHT}{_ANSWER})"
+    fmt = format_named(action_format)
+    return f"({_CROP_THOUGHT}{fmt.call_prefix}{fmt.regex_crop(_boxes())}|{_ANSWER_THOUGHT}{_ANSWER})"
 
 
 def cache_dir() -> Path:
@@ -190,13 +178,13 @@ def demo_config(**overrides: Any) -> AgentRolloutConfig:
     # later turns look closer at the last page shown or answer (`region_turn_regex`).
     regions = bool(overrides.get("region_action"))
     action_format = overrides.get("action_format", "tags")
-    grammar = tool_call_regex if action_format == "tool_call" else action_regex
+    queries = one_of(sorted(SAMPLE_FACTS))
     # every episode retrieves before it may answer: the demo shows pages in tool turns
     base["action_regex"] = (region_turn_regex(action_format) if regions
-                            else grammar(one_of(sorted(SAMPLE_FACTS)), DEMO_MAX_PAGE))
-    base["first_turn_action_regex"] = grammar(one_of(sorted(SAMPLE_FACTS)), DEMO_MAX_PAGE, answer=False,
-                                              fetch=not regions)
-    if overrides.get("action_format") == "tool_call":
+                            else turn_regex(action_format, queries, DEMO_MAX_PAGE))
+    base["first_turn_action_regex"] = turn_regex(action_format, queries, DEMO_MAX_PAGE, answer=False,
+                                                 fetch=not regions)
+    if format_named(action_format).renders_tools:
         base["prompt_length"] = 1280 if regions else 1024  # the tool schemas in the system turn
     if "action_regex" in overrides:  # the caller's grammar governs every turn unless it says otherwise
         base["first_turn_action_regex"] = None

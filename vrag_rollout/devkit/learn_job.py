@@ -61,12 +61,11 @@ def _is_parquet(path: Path) -> bool:
 def learn_questions(data: Optional[Path], batch_size: int, action_format: str = "tags") -> tuple[list, list, Optional[list]]:
     """(prompt samples, ground truths, recorded page counts or None): the first `batch_size` rows
     of `data` (a converted dataset), or without it the find-the-page task's questions."""
-    from .learn_task import TASK_INSTRUCTIONS, TOOL_CALL_TASK_INSTRUCTIONS, task_questions
+    from .learn_task import task_instructions, task_questions
     from .rollout_job import page_counts_of, read_job_questions
 
     if data is None:
-        samples, truths = task_questions(
-            batch_size, TOOL_CALL_TASK_INSTRUCTIONS if action_format == "tool_call" else TASK_INSTRUCTIONS)
+        samples, truths = task_questions(batch_size, task_instructions(action_format))
         return samples, truths, None
     samples, truths = read_job_questions(Path(data), batch_size)
     return samples, truths, page_counts_of(Path(data), batch_size)

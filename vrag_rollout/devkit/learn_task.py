@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..data.prompts import PromptSample
+from ..formats import format_named
 
 TASK_PAGE = 3  # where every task question's evidence is, in each of the three sample documents
 MAX_PAGE = 5  # the longest sample document's length; shorter ones answer a fetch past their end with an error
@@ -61,16 +62,21 @@ def task_questions(count: int, instructions: Optional[str] = None) -> tuple[list
     return samples, truths
 
 
+# The task's instructions in each action format's words.
+INSTRUCTIONS_BY_FORMAT = {"tags": TASK_INSTRUCTIONS, "tool_call": TOOL_CALL_TASK_INSTRUCTIONS}
+
+
+def task_instructions(action_format: str) -> str:
+    """The task's instructions for `action_format` (`INSTRUCTIONS_BY_FORMAT`)."""
+    format_named(action_format)  # an unknown format's error names the known ones
+    return INSTRUCTIONS_BY_FORMAT[action_format]
+
+
 def task_regex(action_format: str = "tags", max_page: int = MAX_PAGE) -> str:
     """Every turn one action: fetch a page (as an image) or answer a page number."""
     pages = f"[1-{max_page}]"
-    answer = f"<answer>{pages}</answer>"
-    if action_format == "tool_call":
-        fetch = ('<tool_call>\n\\{"name": "fetch", "arguments": \\{"page": ' + pages
-                 + ', "mode": "image"\\}\\}\n</tool_call>')
-        return f"({fetch}|{answer})"
-    return f"(<fetch>image, {pages}</fetch>|{answer})"
+    return f"({format_named(action_format).regex_fetch(pages, modes='image')}|<answer>{pages}</answer>)"
 
 
-__all__ = ["MAX_PAGE", "TASK_INSTRUCTIONS", "TOOL_CALL_TASK_INSTRUCTIONS", "task_facts", "task_questions",
-           "task_regex"]
+__all__ = ["MAX_PAGE", "TASK_INSTRUCTIONS", "TOOL_CALL_TASK_INSTRUCTIONS", "task_facts", "task_instructions",
+           "task_questions", "task_regex"]

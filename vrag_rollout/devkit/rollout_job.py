@@ -27,7 +27,14 @@ from typing import Any, Optional
 from .job_checks import JobInputError, RetrieverSource, check_retriever
 
 GRAMMAR_MAX_PAGE = 9  # pages the grammar may fetch when neither the data nor the index counts them
-PROMPT_LENGTH = {"tags": 1024, "tool_call": 1536}  # room for the instructions (and tool schemas)
+# room for the instructions, and for the tool schemas where the format's prompts show them
+PROMPT_LENGTH, PROMPT_LENGTH_WITH_TOOLS = 1024, 1536
+
+
+def default_prompt_length(action_format: str) -> int:
+    from ..formats import format_named
+
+    return PROMPT_LENGTH_WITH_TOOLS if format_named(action_format).renders_tools else PROMPT_LENGTH
 
 
 def read_job_questions(data: Path, batch_size: int) -> tuple[list, list]:
@@ -116,7 +123,7 @@ def run_rollout(out: Path, *, data: Path, index: Optional[Path] = None, retrieve
     overrides = dict(
         n=n, max_turns=max_turns, response_length=response_length, temperature=temperature, seed=seed,
         action_format=fmt, region_action=region, retriever_preflight=retriever_preflight,
-        prompt_length=prompt_length or PROMPT_LENGTH[fmt], action_regex=None, first_turn_action_regex=None,
+        prompt_length=prompt_length or default_prompt_length(fmt), action_regex=None, first_turn_action_regex=None,
         retriever_fixtures=str(fixtures) if fixtures is not None else None,
     )
     if acts:

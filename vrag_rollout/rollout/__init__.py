@@ -6,7 +6,6 @@ Rule (tests/test_layers.py): may import every layer below it (`core/`, `engine/`
 - `agent`: `BaseRollout`, `vLLMRollout`, `vLLMRolloutAgent`: an engine and a driver each (re-exported here: `vrag_rollout.rollout` keeps working).
 - `driver`: `EpisodeDriver`, the per-turn and per-batch work of every trainer's rollout, engine-free.
 - `schedules`: the turn-synchronized and continuous schedules and the one-episode coroutine, over one per-turn step (the `Driver` protocol).
-- `formats`: one object per action format (tags, native tool calls), looked up once.
 - `tools`: executing a turn's tool calls and building their observations.
 - `tool_batcher`: concurrent agent loops' tool calls merged into shared retriever batches.
 """

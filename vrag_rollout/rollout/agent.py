@@ -3,7 +3,7 @@
 Each holds a vLLM engine and an `EpisodeDriver` (`driver.py`: everything per turn and per batch,
 engine-free) and runs one of the two schedules (`schedules.py`) with them. `vLLMRollout` is the
 single-turn rollout with EasyR1's semantics; `vLLMRolloutAgent` is the multi-turn agent over a
-page-image retriever, in either action format (`formats.py`). The EasyR1 worker reaches the
+page-image retriever, in either action format (`vrag_rollout/formats/`). The EasyR1 worker reaches the
 engine as `inference_engine` and calls `generate_sequences` and `update_sampling_params`.
 """
 

@@ -46,7 +46,7 @@ from ..engine.sampling import BANNED_LOGIT_BIAS, SamplingPlan, data_parallel_ran
 from ..families import detect_family, padded_token_ids
 from ..protocol import object_array
 from ..turn_output import TurnOutput
-from .formats import FORMATS
+from ..formats import format_named
 from .schedules import ScheduleClock, call_within
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class EpisodeDriver:
         self.sync = group_sync or sync_for(self.config.tensor_parallel_size) or LocalSync()
         self.observations = ObservationBuilder(
             self.tokenizer, self.vision_tokens, max_text_tokens=self.config.max_fetch_text_tokens)
-        format_class = FORMATS[self.config.action_format] if tools else None
+        format_class = format_named(self.config.action_format) if tools else None
         self.stop_strings = format_class.stop_strings_for(self.config) if format_class else ()
         self.sampling = SamplingPlan(
             self.config,

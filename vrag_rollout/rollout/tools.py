@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
-from ..core.actions import Crop, Fetch, Invalid, Search
+from ..core.actions import Crop, Fetch, Invalid, Search, ToolCall
 from ..core.regions import RegionError, RegionRequest
 from ..core.observation import NO_PAGES, Observation, ObservationBuilder, Overflow
 from ..retrieval.types import FetchSpec, RetrievedPage, RetrieverFailure
@@ -24,13 +24,6 @@ from ..core.vision import ImageDecodeError, PixelBand, decode_page, decode_page_
 UNLIMITED = 1 << 30  # a budget or image count that never binds: measuring an observation's size
 
 Outcome = Union[list, RetrievedPage, RetrieverFailure]
-
-
-@dataclass
-class ToolCall:
-    sample: int  # index into the turn's episode list
-    action: Union[Search, Fetch]
-    doc_id: Optional[str]
 
 
 @dataclass

@@ -9,6 +9,7 @@ import os
 from typing import Any, Iterable, Optional, Sequence
 
 from ...config import AgentRolloutConfig
+from ...formats import FORMATS
 from .common import AGENT_ROLLOUT_NAME, CONFIG_CLASS_NAME, MODULE, lock
 from .detect import require_easyr1
 
@@ -149,10 +150,12 @@ def check_agent_config(ppo_config: Any) -> list:
 
 def check_tool_call_template(data_override: Optional[str], action_format: str,
                              rollout_template: Optional[str]) -> list:
-    """A tool_call run renders prompts and tool turns with one template. EasyR1 applies
-    `data.override_chat_template` to the driver's tokenizer only (the dataset's), never to the
-    rollout workers', so the two would differ unless the rollout names the same file."""
-    if action_format != "tool_call" or not data_override:
+    """A format whose chat template renders its tool turns (tool_call) renders prompts and tool
+    turns with one template. EasyR1 applies `data.override_chat_template` to the driver's
+    tokenizer only (the dataset's), never to the rollout workers', so the two would differ unless
+    the rollout names the same file."""
+    fmt = FORMATS.get(action_format)  # an unknown format is the config check's to report
+    if not data_override or fmt is None or not fmt.renders_tools:
         return []
     same = rollout_template and os.path.realpath(rollout_template) == os.path.realpath(data_override)
     if same:

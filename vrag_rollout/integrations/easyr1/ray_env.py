@@ -8,6 +8,7 @@ import json
 import os
 from typing import Any, Optional
 
+from ...formats import format_named
 from .common import AGENT_CLASS_ENV, GENERATION_KEYS_ENV, PROMPT_TOOLS_ENV, SETUP_HOOK
 
 # Environment EasyR1's own `main()` gives its Ray job (same intent, our own list).
@@ -30,7 +31,7 @@ def make_runtime_env(ppo_config: Any = None, env_vars: Optional[dict] = None) ->
         keys = [getattr(rollout, "doc_id_key", None), getattr(rollout, "page_count_key", None)]
         if keys[0]:
             merged[GENERATION_KEYS_ENV] = ",".join(key for key in keys if key)
-        if getattr(ppo_config.worker.rollout, "action_format", "tags") == "tool_call":
+        if format_named(getattr(rollout, "action_format", "tags")).renders_tools:
             template = getattr(ppo_config.worker.rollout, "chat_template", None)
             # Ray actors may run elsewhere in the file system: the path must not be relative.
             merged[PROMPT_TOOLS_ENV] = json.dumps({"chat_template": os.path.abspath(template) if template else None,

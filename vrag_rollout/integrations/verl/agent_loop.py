@@ -56,7 +56,7 @@ from typing import Any, Iterator, Optional
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from ...core.episode import Episode
-from ...core.tool_turns import tools_for
+from ...formats import format_named
 from ...data.prompts import expand_pads
 from ...engine.sampling import request_seed
 from ...families import logits_width
@@ -247,7 +247,8 @@ class VragAgentLoop(AgentLoopBase):
         driver = self.driver
         messages = row["raw_prompt"]
         images = prompt_images(messages)
-        tools = {"tools": list(tools_for(driver.config))} if driver.config.action_format == "tool_call" else {}
+        prompt_tools = format_named(driver.config.action_format).prompt_tools(driver.config)
+        tools = {"tools": list(prompt_tools)} if prompt_tools else {}
         template = Path(driver.config.chat_template).read_text(encoding="utf-8") if driver.config.chat_template else None
         text = driver.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
                                                    chat_template=template, **tools)

@@ -60,7 +60,8 @@ def prompt_rows(samples: Sequence[Any], action_format: str, n: int = 1) -> Any:
     import torch
     from verl.protocol import DataProto
 
-    from ...data.prompts import AGENT_INSTRUCTIONS, TOOL_CALL_INSTRUCTIONS
+    from ...data.prompts import AGENT_INSTRUCTIONS
+    from ...formats import format_named
     from .agent_loop import AGENT_NAME, SAMPLE_COLUMN
 
     if any(sample.images for sample in samples):
@@ -69,8 +70,8 @@ def prompt_rows(samples: Sequence[Any], action_format: str, n: int = 1) -> Any:
     messages = np.empty(len(rows), dtype=object)
     for i, (sample, _) in enumerate(rows):
         instructions = sample.instructions
-        if action_format == "tool_call" and instructions == AGENT_INSTRUCTIONS:
-            instructions = TOOL_CALL_INSTRUCTIONS
+        if instructions == AGENT_INSTRUCTIONS:  # the default: the format's own
+            instructions = format_named(action_format).instructions
         messages[i] = [{"role": "user", "content": [{"type": "text", "text": f"{instructions}\nQuestion: {sample.question}"}]}]
 
     def column(values: list) -> np.ndarray:

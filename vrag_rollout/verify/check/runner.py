@@ -13,6 +13,7 @@ pass, 1 on failures, 2 on unusable input (the JSON line then holds `error`).
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any, Optional
@@ -34,6 +35,24 @@ def _same_family(recorded: str, model_type: str) -> bool:
     """The batch's recorded family (a model_type or the rollout's name, e.g. "qwen2.5-vl") is the model's."""
     recorded = recorded.replace(".", "_").replace("-", "_")
     return recorded == model_type or model_type.startswith(recorded + "_")  # qwen3_vl covers qwen3_vl_moe
+
+
+# Each action format's turn layout as this checker knows it (an independent oracle imports nothing
+# of the rollout's formats): (turns end with the chat template's end of turn, the observation check).
+LAYOUTS = {"tags": (False, check_observations), "tool_call": (True, check_native_observations)}
+
+
+def observation_layout(saved: SavedBatch) -> tuple[bool, Any]:
+    """(native turns, a row's observation check) of the batch's action format (tags when unrecorded)."""
+    config = saved.config or {}
+    action_format = config.get("action_format") or "tags"
+    if action_format not in LAYOUTS:
+        raise CheckInputError(f"the batch's action_format {action_format!r} is none this checker knows "
+                              f"({', '.join(LAYOUTS)})")
+    native, check = LAYOUTS[action_format]
+    if native:
+        return native, check
+    return native, functools.partial(check, regions=bool(config.get("region_action")))
 
 
 def check_batch(saved: SavedBatch, model_dir: str | Path, *, forward: bool = False, forward_tolerance: float = 1e-3,
@@ -61,7 +80,7 @@ def check_batch(saved: SavedBatch, model_dir: str | Path, *, forward: bool = Fal
     rows = sample_rows(saved)
     processed: dict[int, Any] = {}
     skipped_positions = []
-    native = (saved.config or {}).get("action_format") == "tool_call"
+    native, observations = observation_layout(saved)
     turn_ids = saved.tensors.get("turn_ids")
     for row in rows:
         report.failures += check_row_contract(row, prompts[row.index].long(), oracle.eos_ids, native)
@@ -73,10 +92,7 @@ def check_batch(saved: SavedBatch, model_dir: str | Path, *, forward: bool = Fal
             report.failures += check_positions(row, grids, oracle)
         else:
             skipped_positions.append(row.index)
-        if native:
-            report.failures += check_native_observations(row, oracle)
-        else:
-            report.failures += check_observations(row, oracle, regions=bool((saved.config or {}).get("region_action")))
+        report.failures += observations(row, oracle)
         report.failures += check_turns(row, turn_ids[row.index] if turn_ids is not None else None)
     if skipped_positions:
         report.notes.append(f"mrope positions not compared for samples {skipped_positions}: "
