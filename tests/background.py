@@ -1,9 +1,10 @@
 """Slow subprocess work that starts when collection ends and that tests read when they run.
 
-In-process tests use about one core: starting the first vLLM engine sets torch to one thread for
-the whole process. Work that is a chain of subprocesses (the doc-command test's `make demo`,
-`make learn`, `check`, ...; the learn loop's two 16-step runs, in a process with its own engine)
-can therefore run on the other core beside them. A test that needs such work is marked
+In-process tests use one core: tests/conftest.py sets one OpenMP thread per process (its
+subprocesses inherit it; a vLLM engine start leaves the count as it was). Work that is a chain of
+subprocesses (the doc-command test's `make demo`, `make learn`, `check`, ...; the learn loop's two
+16-step runs, in a process with its own engine) can therefore run on the other core beside them.
+A test that needs such work is marked
 ``@pytest.mark.background.with_args(work)`` (``with_args``: the argument is a function), or uses
 a fixture decorated ``@uses(work)``; when the
 session's tests are collected and selected, tests/conftest.py starts each marked ``work`` once,

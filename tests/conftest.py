@@ -10,6 +10,7 @@ that would start an in-process engine unmarked fails (`_no_engine_outside_the_ma
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,15 @@ from vrag_rollout.devkit.tiny_model import build_tiny_model, build_tiny_qwen2vl,
 FIXTURES = Path(__file__).parent / "fixtures"
 SAMPLE_RETRIEVAL = FIXTURES / "sample_retrieval.json"
 
+# One OpenMP thread per process (this one and its subprocesses: background work, doc commands,
+# Ray workers) unless the caller set OMP_NUM_THREADS: the tiny models' ops are too small to gain
+# from a second thread, and beside other work on the same cores a 2-thread rollout ran ~3x slower
+# (tests/integrations/test_verl_agent_loop.py: 348 s -> 265 s). Before torch is imported, and set
+# on torch too in case it was: once an engine starts, vLLM makes torch.set_num_threads a no-op.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 configure_cpu_defaults()  # before anything imports vLLM
 
 
