@@ -33,9 +33,11 @@ def rollout(tiny_model_dir, tiny_processor, tiny_llm, transport, mode):
 
 
 def test_several_batches_out_at_once_and_the_same_episodes(tiny_model_dir, tiny_processor, tiny_llm):
-    synced = DelayedReplay(0.02, 0.08)
+    # Delays longer than an engine step even on a loaded machine, so the continuous schedule's
+    # batches from different steps overlap (at 20-80 ms they did not when other work shared the cores).
+    synced = DelayedReplay(0.2, 0.5)
     _, sync_out = rollout(tiny_model_dir, tiny_processor, tiny_llm, synced, "sync")
-    continuous = DelayedReplay(0.02, 0.08)
+    continuous = DelayedReplay(0.2, 0.5)
     _, cont_out = rollout(tiny_model_dir, tiny_processor, tiny_llm, continuous, "continuous")
     for key in ("responses", "loss_mask", "position_ids"):
         assert torch.equal(sync_out.batch[key], cont_out.batch[key]), key
