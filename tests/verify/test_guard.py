@@ -131,3 +131,21 @@ def test_positions_are_compared_on_the_chosen_fraction(grammar_rollout):
         grammar_rollout.output, grammar_rollout.config)
     assert len(report.positions_checked) == round(0.25 * len(grammar_rollout.output))
     assert report.metrics()["guard/positions_checked"] == len(report.positions_checked)
+
+
+def test_a_guarded_rollout_acts_on_every_batch_and_learn_records_it(saved, guard, grammar_rollout, tiny_processor):
+    """What `vrag-rollout learn --guard` wires: the rollout's batch is inspected and acted on before
+    the update, and the step's metrics line carries the counts."""
+    from vrag_rollout.training.learn import guard_fields
+    from vrag_rollout.verify.guard import guarded
+
+    row = observation_in_the_loss(saved, tiny_processor)
+    batch = guarded(lambda prompts: trainer_batch(saved), guard, "drop", grammar_rollout.config)(None)
+    assert int(batch.batch["loss_mask"][row].sum()) == 0 and int(batch.batch["response_mask"][row].sum()) == 0
+    assert guard_fields(batch) == {"guard_checked": float(len(saved)), "guard_bad": 1.0, "guard_dropped": 1.0}
+    assert guard_fields(SimpleNamespace(meta_info={})) == {"guard_checked": 0.0, "guard_bad": 0.0,
+                                                           "guard_dropped": 0.0}
+    with pytest.raises(GuardFailure, match=f"sample {row}"):
+        guarded(lambda prompts: trainer_batch(saved), guard, "fail", grammar_rollout.config)(None)
+    with pytest.raises(ValueError, match="guard must be one of"):
+        guarded(lambda prompts: None, guard, "strict")

@@ -29,7 +29,7 @@ import io
 import random
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from PIL import Image
 
@@ -211,3 +211,17 @@ def apply(batch: Any, report: GuardReport, mode: str) -> dict[str, float]:
         if name in batch.batch.keys():
             batch.batch[name][bad] = 0
     return {**metrics, "guard/dropped": float(len(bad))}
+
+
+def guarded(rollout: Callable[[Any], Any], guard: Guard, mode: str, config: Any = None) -> Callable[[Any], Any]:
+    """`rollout` whose every batch is inspected and acted on (`apply`); the step's `guard/`
+    metrics go to the batch's `meta_info["guard"]`."""
+    if mode not in MODES:
+        raise ValueError(f"guard must be one of {MODES}, got {mode!r}")
+
+    def run(prompts: Any) -> Any:
+        batch = rollout(prompts)
+        batch.meta_info["guard"] = apply(batch, guard.inspect(batch, config), mode)
+        return batch
+
+    return run
