@@ -122,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "(the first --batch-size rows; no action grammar: the model writes its own actions)")
     learn.add_argument("--index", type=Path, default=None,
                        help="serve this retriever index (vrag-retriever index) instead of the sample corpus's")
+    learn.add_argument("--guard", choices=("fail", "drop", "warn", "off"), default="drop",
+                       help="the live guard on every batch (README, 'The live guard'): stop the run, drop bad samples "
+                            "from the loss, only report them, or skip the checks")
     _retriever_preflight(learn)
 
     record = subcommand(
@@ -350,7 +353,7 @@ def _learn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     check_retriever(source, [sample.doc_id for sample in samples], page_counts, args.retriever_preflight, hint)
     run_learn(args.out, **settings, seed=args.seed, family=args.family, model=args.model,
               retriever_url=args.retriever_url, fixtures=args.fixtures, action_format=args.action_format,
-              retriever_preflight=args.retriever_preflight, **sources)
+              retriever_preflight=args.retriever_preflight, guard=args.guard, **sources)
     return 0
 
 

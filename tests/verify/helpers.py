@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from PIL import Image, ImageDraw
 
 from tests.conftest import SAMPLE_RETRIEVAL
@@ -101,3 +102,49 @@ def runs(values: list, target) -> list[tuple[int, int]]:
             out.append((start, i))
             start = None
     return out
+
+
+def token_id(processor, name: str) -> int:
+    return processor.tokenizer.convert_tokens_to_ids(name)
+
+
+def response_image_runs(saved, row: int, image_pad: int) -> list[tuple[int, int]]:
+    return runs(saved.tensors["responses"][row].tolist(), image_pad)
+
+
+def rows_with_response_images(saved, image_pad: int) -> list[int]:
+    return [row for row in range(len(saved)) if response_image_runs(saved, row, image_pad)]
+
+
+def observation_blocks(saved, row: int) -> list[tuple[int, int]]:
+    """Response [start, end) of every loss-masked-out block inside the real response."""
+    P = saved.tensors["prompts"].shape[1]
+    used = int(saved.tensors["attention_mask"][row, P:].sum())
+    return runs(saved.tensors["loss_mask"][row, :used].tolist(), 0)
+
+
+def delete_response_token(saved, row: int, position: int) -> None:
+    """Remove response token `position` of a row, shifting the rest left (as a truncating bug would)."""
+    t = saved.tensors
+    P = t["prompts"].shape[1]
+    for key, value in t.items():
+        if value.shape[-1] == t["responses"].shape[1]:
+            cut = position
+        elif value.shape[-1] == t["input_ids"].shape[1]:
+            cut = P + position
+        else:
+            continue
+        rowv = value[row]
+        fill = rowv[..., -1:].clone()
+        if key in ("attention_mask", "response_mask", "loss_mask", "rollout_log_probs"):
+            fill = torch.zeros_like(fill)
+        value[row] = torch.cat([rowv[..., :cut], rowv[..., cut + 1:], fill], dim=-1)
+
+
+def copy_sample(saved, source: int, target: int) -> None:
+    """Make sample `target` a copy of sample `source` in every tensor, image list and column."""
+    for value in saved.tensors.values():
+        value[target] = value[source]
+    saved.images[target] = list(saved.images[source])
+    for column in saved.columns.values():
+        column[target] = column[source]

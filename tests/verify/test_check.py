@@ -9,47 +9,11 @@ import pickle
 import pytest
 import torch
 
-from tests.verify.helpers import caught, pickled_trainer_batch, runs
+from tests.verify.helpers import (caught, copy_sample, delete_response_token, observation_blocks, pickled_trainer_batch,
+                                  response_image_runs, rows_with_response_images, runs, token_id)
 from vrag_rollout.verify.check import CheckInputError, check_batch, run_check
 from vrag_rollout.cli import main as cli_main
 from vrag_rollout.verify.saved_batch import load_rollout
-
-
-def token_id(processor, name: str) -> int:
-    return processor.tokenizer.convert_tokens_to_ids(name)
-
-
-def response_image_runs(saved, row: int, image_pad: int) -> list[tuple[int, int]]:
-    return runs(saved.tensors["responses"][row].tolist(), image_pad)
-
-
-def rows_with_response_images(saved, image_pad: int) -> list[int]:
-    return [row for row in range(len(saved)) if response_image_runs(saved, row, image_pad)]
-
-
-def observation_blocks(saved, row: int) -> list[tuple[int, int]]:
-    """Response [start, end) of every loss-masked-out block inside the real response."""
-    P = saved.tensors["prompts"].shape[1]
-    used = int(saved.tensors["attention_mask"][row, P:].sum())
-    return runs(saved.tensors["loss_mask"][row, :used].tolist(), 0)
-
-
-def delete_response_token(saved, row: int, position: int) -> None:
-    """Remove response token `position` of a row, shifting the rest left (as a truncating bug would)."""
-    t = saved.tensors
-    P = t["prompts"].shape[1]
-    for key, value in t.items():
-        if value.shape[-1] == t["responses"].shape[1]:
-            cut = position
-        elif value.shape[-1] == t["input_ids"].shape[1]:
-            cut = P + position
-        else:
-            continue
-        rowv = value[row]
-        fill = rowv[..., -1:].clone()
-        if key in ("attention_mask", "response_mask", "loss_mask", "rollout_log_probs"):
-            fill = torch.zeros_like(fill)
-        value[row] = torch.cat([rowv[..., :cut], rowv[..., cut + 1:], fill], dim=-1)
 
 
 # ---------------------------------------------------------------------------- the clean batches
@@ -238,11 +202,7 @@ def test_whole_observation_in_the_loss_mask(saved, grammar_rollout):
 
 def test_identical_grpo_group(saved, grammar_rollout):
     first, second = 2, 3  # prompt 1's two samples
-    for value in saved.tensors.values():
-        value[second] = value[first]
-    saved.images[second] = list(saved.images[first])
-    for column in saved.columns.values():
-        column[second] = column[first]
+    copy_sample(saved, first, second)
     report = check_batch(saved, grammar_rollout.model_dir)
     failure = caught(report, "grpo", first, saved.tensors["prompts"].shape[1], "identical")
     assert "[2, 3]" in failure.message

@@ -84,7 +84,7 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
               model_dir: Optional[Path] = None, processor: Any = None, llm: Any = None, retriever: Any = None,
               retriever_url: Optional[str] = None, fixtures: Optional[str] = None, action_format: str = "tags",
               data: Optional[Path] = None, index: Optional[Path] = None, evaluate: bool = True,
-              progress: bool = True, retriever_preflight: str = "fail") -> dict:
+              progress: bool = True, retriever_preflight: str = "fail", guard: str = "drop") -> dict:
     """Run the loop and write its outputs (module docstring); returns {"records", "summary",
     "hf_model", "llm", "agent", "model_dir", "processor", "final_dir", "eval_path", "report",
     "questions", "truths"}."""
@@ -130,6 +130,11 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
                                  retriever=retriever)
         engine = agent.inference_engine
         prompts = demo_prompts(tokenizer, processor, samples, config)
+        rollout = agent.generate_sequences
+        if guard != "off":  # every batch inspected before it reaches the update (verify/guard.py)
+            from ..verify.guard import Guard, guarded
+
+            rollout = guarded(rollout, Guard(model_dir), guard, config)
 
         def sync(policy: Any) -> None:
             weights.sync_weights(engine, policy)
@@ -153,9 +158,12 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
                       f"(accuracy {record['reward_accuracy']:.2f}, retrieval {record['reward_retrieval']:.2f}) "
                       f"kl {record['kl_to_initial']:.4f} moved {record['policy_movement']:.1e} "
                       f"post-sync logprob gap {record['logprob_gap_max']:.1e}")
+            if record["guard_bad"]:
+                bar.write(f"warning: step {record['step']}: the guard found {record['guard_bad']:.0f} bad samples "
+                          f"(dropped from the loss: {record['guard_dropped']:.0f})")
 
         records = learn(
-            prompts, rollout=agent.generate_sequences, sync=sync, probe=probe, reference=reference,
+            prompts, rollout=rollout, sync=sync, probe=probe, reference=reference,
             reward=lambda batch: episode_scores(batch, tokenizer, truths),
             hf_model=hf_model, optimizer=torch.optim.AdamW(hf_model.parameters(), lr=lr, weight_decay=0.0),
             processor=processor, n=n, temperature=temperature, steps=steps, out_dir=out_dir, on_step=on_step,

@@ -22,7 +22,8 @@ Contract:
      model). A `sync` or `probe` that raises fails the run as it is;
   5. appends one JSON line to `out_dir/metrics.jsonl` with `STEP_FIELDS` (`step` is 1-based; the
      `reward_*` parts are means over the batch, `pages_shown_mean` the pages the retriever showed an
-     episode, `policy_movement` the pre-sync gap of step 4, `seconds_*` the step's time split) and
+     episode, `policy_movement` the pre-sync gap of step 4, `seconds_*` the step's time split,
+     `guard_*` the live guard's counts when the rollout is guarded, `verify/guard.py`) and
      calls `on_step(record)`. The file is rewritten from the start of a run and flushed after every
      line.
 - The loop knows nothing of vLLM, the retriever or the agent (the layer rule: `training/` imports
@@ -48,7 +49,7 @@ from .grpo import actor_config, grpo_step
 
 STEP_FIELDS = ("step", "reward_mean", *(f"reward_{part}" for part in PARTS), "advantage_std", "loss", "grad_norm",
                "logprob_gap_max", "policy_movement", "kl_to_initial", "turns_mean", "pages_shown_mean",
-               "seconds_rollout", "seconds_update", "seconds_sync")
+               "seconds_rollout", "seconds_update", "seconds_sync", "guard_checked", "guard_bad", "guard_dropped")
 GAP_TOLERANCE = 1e-3  # the engine's SYNC_TOLERANCE (engine/weights.py), restated: training/ may not import engine/
 # An update must move the probe's logprobs this many tolerances for the post-sync check to mean
 # anything: a sync that did nothing leaves exactly the pre-sync gap (same prompts, seed and
@@ -119,7 +120,14 @@ def step_record(step: int, scores: Sequence[Mapping[str, float]], update: Mappin
             "grad_norm": float(update["grad_norm"]), "logprob_gap_max": float(gap),
             "policy_movement": float(movement), "kl_to_initial": float(update["kl_to_reference"]), "turns_mean": turns_mean(batch),
             "pages_shown_mean": pages_shown_mean(batch), "seconds_rollout": float(seconds[0]),
-            "seconds_update": float(seconds[1]), "seconds_sync": float(seconds[2])}
+            "seconds_update": float(seconds[1]), "seconds_sync": float(seconds[2]),
+            **guard_fields(batch)}
+
+
+def guard_fields(batch: Any) -> dict:
+    """The live guard's counts of the step (`meta_info["guard"]`, set by a guarded rollout; 0 without one)."""
+    found = (getattr(batch, "meta_info", None) or {}).get("guard") or {}
+    return {f"guard_{name}": float(found.get(f"guard/{name}", 0.0)) for name in ("checked", "bad", "dropped")}
 
 
 def check_record(record: dict, gap_tolerance: float = GAP_TOLERANCE) -> None:

@@ -1,4 +1,5 @@
-"""Offline verification of saved batches, independent of the code that made them.
+"""Verification of rollout batches, independent of the code that made them: saved ones offline,
+and a trainer's batch live (`guard`).
 
 Rule (tests/test_layers.py): imports only `verify/` (its independence from the rollout is its
 value: it recomputes from the model's own code what the rollout claims).
@@ -6,6 +7,9 @@ value: it recomputes from the model's own code what the rollout claims).
 - `saved_batch`: the saved-batch file format (save, load, validate).
 - `check`: the independent checker, a package of one module per check (masks, image tokens,
   positions, logprobs, ...).
+- `guard`: the live guard: `check`'s structural facts on a trainer batch in memory (no forward
+  pass, mrope on a sampled share of the samples), and what to do with a bad sample
+  (`fail`, `drop`, `warn`, `off`).
 - `view`: a self-contained HTML view of a batch, opening on its episodes.
 - `episode_facts`: what the view says of an episode besides its tokens (question, ground truth,
   the reward the batch carries, why a `budget` end happened); shows, never computes, a reward.

@@ -23,17 +23,25 @@ from .report import Failure
 from .rows import Row
 
 
-def trainer_rescale(image: Image.Image, min_pixels: Optional[int], max_pixels: Optional[int]) -> Image.Image:
-    """The trainer's pixel rule (EasyR1's dataset and actor): scale down past max_pixels, up
-    below min_pixels, each by sqrt of the pixel ratio with sides truncated, then RGB."""
+def rescaled_size(width: int, height: int, min_pixels: Optional[int], max_pixels: Optional[int]) -> tuple[int, int]:
+    """The trainer's pixel rule (EasyR1's dataset and actor) on a size: scale down past
+    max_pixels, up below min_pixels, each by sqrt of the pixel ratio with sides truncated."""
     for limit, too_far in ((max_pixels, lambda a: a > max_pixels), (min_pixels, lambda a: a < min_pixels)):
-        if limit and too_far(image.width * image.height):
-            scale = math.sqrt(limit / (image.width * image.height))
-            image = image.resize((int(image.width * scale), int(image.height * scale)))
+        if limit and too_far(width * height):
+            scale = math.sqrt(limit / (width * height))
+            width, height = int(width * scale), int(height * scale)
+    return width, height
+
+
+def trainer_rescale(image: Image.Image, min_pixels: Optional[int], max_pixels: Optional[int]) -> Image.Image:
+    """The image as the trainer's pixel rule (`rescaled_size`) leaves it, in RGB."""
+    size = rescaled_size(image.width, image.height, min_pixels, max_pixels)
+    if size != image.size:
+        image = image.resize(size)
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
-def _vision_blocks(row: Row, oracle: ModelOracle) -> tuple[list[tuple[int, int]], list[Failure]]:
+def vision_blocks(row: Row, oracle: ModelOracle) -> tuple[list[tuple[int, int]], list[Failure]]:
     """Pad runs [start, end) of well-formed vision blocks over the attended tokens; failures for
     everything else (stray starts/ends/pads, video tokens, vision tokens in padding)."""
     s, ids, attended = row.index, row.ids.tolist(), row.attention.tolist()
@@ -64,14 +72,18 @@ def _vision_blocks(row: Row, oracle: ModelOracle) -> tuple[list[tuple[int, int]]
     return blocks, fails
 
 
+def vision_in_loss(row: Row, oracle: ModelOracle) -> list[Failure]:
+    """A vision token in the loss mask: sampled by the policy, or trained on."""
+    return [Failure("image_tokens", row.index, p, "vision token in the loss mask (sampled or trained on)")
+            for p in (row.loss.nonzero().flatten() + row.prompt_len).tolist() if int(row.ids[p]) in oracle.vision_ids]
+
+
 def check_images(row: Row, saved: SavedBatch,
                  oracle: ModelOracle) -> tuple[list[Failure], Optional[torch.Tensor], Any]:
     """Failures, the processor's grids (None when the tokens do not match the images), outputs."""
     s, P = row.index, row.prompt_len
-    blocks, fails = _vision_blocks(row, oracle)
-    for p in (row.loss.nonzero().flatten() + P).tolist():
-        if int(row.ids[p]) in oracle.vision_ids:
-            fails.append(Failure("image_tokens", s, p, "vision token in the loss mask (sampled or trained on)"))
+    blocks, fails = vision_blocks(row, oracle)
+    fails += vision_in_loss(row, oracle)
     images = saved.decoded_images(s)
     band = saved.pixel_band
     views = [trainer_rescale(image, band.get("trainer_min_pixels"), band.get("trainer_max_pixels")) for image in images]

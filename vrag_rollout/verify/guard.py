@@ -1,0 +1,227 @@
+"""The live guard: the structural facts `check` proves, on a trainer batch in memory, cheaply.
+
+Contract: `Guard(model_dir)` loads the model's own oracle once (`check/oracle.py`: its config,
+processor, tokenizer and rope index; nothing of the rollout's code). `guard.inspect(batch)`
+takes a trainer batch (DataProto-like: `batch`, `non_tensor_batch`, `meta_info`; it is read,
+never changed) and returns a `GuardReport` with, per bad sample, the `Failure`s `check` reports,
+minus the forward pass:
+- shapes: a batch whose tensor widths are broken fails every sample;
+- the row contract (`check/contract.py`): masks 0/1, a left-padded prompt, real response tokens
+  contiguous, the loss mask inside the response mask, nothing after the first EOS and an EOS last
+  where the sample says it ended on one; no padded vocabulary row sampled;
+- vision tokens: well-formed blocks, none in the loss, one pad run per image of the sample's
+  `multi_modal_data`, each as long as the image processor's own patch count for that image's
+  size after the trainer's pixel rule (`get_number_of_image_patches`: no pixel is processed);
+- observations: the loss mask against token roles, in the batch's action format
+  (`check/observations.py`); turn ids against the loss mask (`check/turns.py`);
+- GRPO groups: not identical (`check/groups.py`);
+- mrope positions against the family's `get_rope_index`, on `positions_fraction` of the samples
+  (at least one), drawn per call: the processor's grids and the rope index are most of the cost.
+What it cannot see is what only `check --forward` sees: log-probabilities (image features in the
+wrong order at equal sizes, a wrong image at the right size).
+`apply(batch, report, mode)` acts on the report: `fail`, `drop` (the default of the trainers'
+`guard` setting), `warn` or `off`.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+from PIL import Image
+
+from .check.contract import check_padded_rows, check_row_contract, check_shapes
+from .check.groups import check_groups
+from .check.images import rescaled_size, trainer_rescale, vision_blocks, vision_in_loss
+from .check.oracle import ModelOracle, load_oracle
+from .check.positions import check_positions
+from .check.report import Failure
+from .check.rows import sample_rows
+from .check.runner import observation_layout
+from .check.turns import check_turns
+from .saved_batch import SavedBatch, _config_dict, _pixel_band
+
+# The columns the checks read (the images are read in place, never encoded).
+_COLUMNS = ("uid", "termination_reason", "doc_id")
+
+
+@dataclass
+class GuardReport:
+    samples: int
+    failures: dict[int, list[Failure]] = field(default_factory=dict)  # sample -> its failures
+    positions_checked: list[int] = field(default_factory=list)
+
+    @property
+    def bad_samples(self) -> list[int]:
+        return sorted(self.failures)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def by_check(self) -> Counter:
+        """Bad samples per check (a sample counts once per check it fails)."""
+        return Counter(check for fails in self.failures.values() for check in {f.check for f in fails})
+
+    def metrics(self, prefix: str = "guard/") -> dict[str, float]:
+        out = {f"{prefix}checked": float(self.samples), f"{prefix}bad": float(len(self.failures)),
+               f"{prefix}positions_checked": float(len(self.positions_checked))}
+        out.update({f"{prefix}bad/{check}": float(count) for check, count in sorted(self.by_check().items())})
+        return out
+
+    def lines(self, limit: int = 5) -> list[str]:
+        """The first failure of the first `limit` bad samples, one line each."""
+        return [str(self.failures[s][0]) for s in self.bad_samples[:limit]]
+
+
+class Guard:
+    def __init__(self, model_dir: Any = None, *, oracle: Optional[ModelOracle] = None,
+                 positions_fraction: float = 0.125, seed: int = 0):
+        if not 0 <= positions_fraction <= 1:
+            raise ValueError(f"positions_fraction must be in [0, 1], got {positions_fraction}")
+        self.oracle = oracle or load_oracle(str(model_dir))
+        self.positions_fraction = positions_fraction
+        self._draw = random.Random(seed)
+        self._merge = int(getattr(self.oracle.processor.image_processor, "merge_size", 2))
+
+    def inspect(self, batch: Any, config: Any = None) -> GuardReport:
+        images = _images(batch)
+        view = _in_memory_view(batch, images, self.oracle.processor, config)
+        report = GuardReport(samples=len(view))
+        fails, _ = check_shapes(view)
+        if fails:  # nothing per sample can be read
+            report.failures = {s: list(fails) for s in range(len(view))}
+            return report
+        oracle, t = self.oracle, view.tensors
+        native, observations = observation_layout(view)
+        turn_ids = t.get("turn_ids")
+        rows = sample_rows(view)
+        count = min(len(rows), max(1, round(self.positions_fraction * len(rows)))) if self.positions_fraction else 0
+        report.positions_checked = sorted(self._draw.sample(range(len(rows)), count))
+        found: dict[int, list[Failure]] = {}
+        for row in rows:
+            s = row.index
+            fails = check_row_contract(row, t["prompts"][s].long(), oracle.eos_ids, native)
+            fails += check_padded_rows(row, len(oracle.tokenizer))
+            blocks, vision_fails = vision_blocks(row, oracle)
+            fails += vision_fails + self._image_runs(row, blocks, images[s], view.pixel_band)
+            fails += observations(row, oracle)
+            fails += check_turns(row, turn_ids[s] if turn_ids is not None else None)
+            if s in report.positions_checked and not fails:
+                views = [trainer_rescale(image, view.pixel_band.get("trainer_min_pixels"),
+                                         view.pixel_band.get("trainer_max_pixels")) for image in images[s]]
+                fails += check_positions(row, oracle.expand_images(views)[1], oracle)
+            if fails:
+                found[s] = fails
+        group_fails, _ = check_groups(view)
+        for failure in group_fails:
+            found.setdefault(failure.sample, []).append(failure)
+        report.failures = dict(sorted(found.items()))
+        return report
+
+    def _image_runs(self, row: Any, blocks: list[tuple[int, int]], images: list, band: Mapping) -> list[Failure]:
+        """One pad run per image, each as long as the image processor's count for its size; no
+        vision token in the loss."""
+        s, fails = row.index, vision_in_loss(row, self.oracle)
+        if len(blocks) != len(images):
+            return fails + [Failure("image_tokens", s, blocks[0][0] if blocks else None,
+                                    f"{len(blocks)} image pad runs but {len(images)} images")]
+        count = self.oracle.processor.image_processor.get_number_of_image_patches
+        for k, ((start, end), image) in enumerate(zip(blocks, images)):
+            width, height = rescaled_size(image.width, image.height, band.get("trainer_min_pixels"),
+                                          band.get("trainer_max_pixels"))
+            want = count(height, width) // (self._merge * self._merge)
+            if end - start != want:
+                fails.append(Failure("image_tokens", s, start, f"image {k}: pad run of {end - start} tokens at "
+                                     f"[{start}, {end}), the processor expands this image to {want} "
+                                     f"({image.width}x{image.height} px)"))
+        return fails
+
+
+def _in_memory_view(batch: Any, images: list[list], processor: Any, config: Any) -> SavedBatch:
+    """The batch as the checks read it: its tensors (on the CPU, not copied when there already),
+    the few columns they use, its config and pixel band. Its `images` are the PIL images, not
+    encoded: the checks used here count them and never decode."""
+    tensors = {key: value.detach().cpu() for key, value in batch.batch.items()}
+    columns_in = batch.non_tensor_batch or {}
+    columns = {name: list(columns_in[name]) for name in _COLUMNS if name in columns_in}
+    meta = dict(batch.meta_info or {})
+    config_dict = {key: value for key, value in _config_dict(config).items()
+                   if key in ("action_format", "region_action", "n", "temperature", "page_min_pixels",
+                              "page_max_pixels", "response_length")}
+    recorded = columns_in.get("rollout_meta")  # verl's agent loop keeps its settings per sample
+    if recorded is not None and len(recorded) and isinstance(recorded[0], Mapping):
+        for key in ("action_format", "region_action", "temperature"):
+            if key in recorded[0]:
+                config_dict.setdefault(key, recorded[0][key])
+    return SavedBatch(tensors=tensors, images=images, columns=columns, config=config_dict, meta=meta,
+                      pixel_band=_pixel_band(processor, config_dict, meta))
+
+
+def _images(batch: Any) -> list[list]:
+    """Per sample, its images as the trainer holds them (PIL; encoded entries are decoded), in
+    sequence order."""
+    column = (batch.non_tensor_batch or {}).get("multi_modal_data")
+    if column is None:
+        return [[] for _ in range(int(batch.batch["responses"].shape[0]))]
+    rows = [list((item or {}).get("images", (item or {}).get("image")) or []) for item in column]
+    return [[entry if isinstance(entry, Image.Image) else _decoded(entry) for entry in row] for row in rows]
+
+
+def _decoded(entry: Any) -> Image.Image:
+    data = entry.get("bytes") if isinstance(entry, Mapping) else entry
+    with Image.open(io.BytesIO(data)) as image:
+        image.load()
+        return image.copy()
+
+
+# ---- what to do with bad samples ----
+MODES = ("fail", "drop", "warn", "off")
+_MASKS = ("response_mask", "loss_mask")  # EasyR1's loss reads response_mask; the rollout's batch has both
+
+
+class GuardFailure(RuntimeError):
+    """`fail` mode: the batch holds bad samples; the message names the first ones."""
+
+
+def apply(batch: Any, report: GuardReport, mode: str) -> dict[str, float]:
+    """Act on `report` as `mode` says; returns the step's `guard/` metrics.
+
+    - `fail`: raise `GuardFailure` naming the bad samples (the step does not train on them);
+    - `drop`: zero each bad sample's loss and response masks in place, so it adds no token to the
+      loss. It stays in its GRPO group's reward mean and standard deviation: its reward is still
+      an outcome the policy produced, and leaving it keeps the other samples' advantages exactly
+      what they would be; only its own gradient (one sample's share of the group) is lost;
+    - `warn`: change nothing; the metrics and the caller's log say what was found;
+    - `off`: the caller does not inspect at all (nothing to do here).
+    """
+    if mode not in MODES:
+        raise ValueError(f"guard must be one of {MODES}, got {mode!r}")
+    metrics = report.metrics()
+    bad = report.bad_samples
+    if not bad or mode in ("warn", "off"):
+        return {**metrics, "guard/dropped": 0.0}
+    if mode == "fail":
+        raise GuardFailure(f"guard: {len(bad)} of {report.samples} samples fail the batch checks: "
+                           + "; ".join(report.lines()))
+    for name in _MASKS:
+        if name in batch.batch.keys():
+            batch.batch[name][bad] = 0
+    return {**metrics, "guard/dropped": float(len(bad))}
+
+
+def guarded(rollout: Callable[[Any], Any], guard: Guard, mode: str, config: Any = None) -> Callable[[Any], Any]:
+    """`rollout` whose every batch is inspected and acted on (`apply`); the step's `guard/`
+    metrics go to the batch's `meta_info["guard"]`."""
+    if mode not in MODES:
+        raise ValueError(f"guard must be one of {MODES}, got {mode!r}")
+
+    def run(prompts: Any) -> Any:
+        batch = rollout(prompts)
+        batch.meta_info["guard"] = apply(batch, guard.inspect(batch, config), mode)
+        return batch
+
+    return run
