@@ -16,6 +16,7 @@ commands (dataset conversion, the preflight checks) can ask a format without loa
 
 - `tags`: `TagFormat`, VRAG/ALDEN tags inside one assistant turn, results in `<result>` blocks.
 - `tool_call`: `ToolCallFormat`, the model's own chat-template tool calls and tool turns.
+- `base`: `FormatBase`, what every format shares (its instructions with the region action's).
 - `region_requests`: a region action resolved against what its episode was shown (both formats).
 """
 

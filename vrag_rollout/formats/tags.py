@@ -17,6 +17,7 @@ from ..core import step
 from ..core.actions import REGION_STOPS, TOOL_STOPS, ToolCall
 from ..core.episode import Episode
 from ..core.regions import RELATIVE_1000
+from .base import FormatBase
 from .region_requests import resolved
 
 INSTRUCTIONS = (
@@ -30,7 +31,7 @@ REGION_INSTRUCTIONS = (" To look closer at a region of a page shown as an image 
                        "(the box in your grounding coordinates on that image); the region comes back enlarged.")
 
 
-class TagFormat:
+class TagFormat(FormatBase):
     name = "tags"
     instructions = INSTRUCTIONS
     region_instructions = REGION_INSTRUCTIONS
@@ -38,11 +39,7 @@ class TagFormat:
     renders_tools = False
     banned_token_ids: tuple[int, ...] = ()
 
-    # ---- what a prompt and a run's settings need (no instance) ----
-    @classmethod
-    def instructions_for(cls, region_action: bool = False) -> str:
-        return cls.instructions + cls.region_instructions if region_action else cls.instructions
-
+    # ---- what a prompt and a run's settings need (no instance; `instructions_for` from FormatBase) ----
     @staticmethod
     def prompt_tools(config: Any) -> Optional[tuple[dict, ...]]:
         return None

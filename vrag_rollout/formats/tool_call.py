@@ -20,6 +20,7 @@ from ..core.actions import Crop, Fetch, Search, ToolCall
 from ..core.episode import Episode
 from ..core.regions import RELATIVE_1000
 from ..core.tool_turns import ToolTurnTemplate, tools_for
+from .base import FormatBase
 from .region_requests import resolved
 
 INSTRUCTIONS = (
@@ -32,7 +33,7 @@ REGION_INSTRUCTIONS = " Call crop to look closer at a region of a page shown as 
 _SENT = (Search, Fetch, Crop)  # the calls that reach the retriever (or its refusal of a region)
 
 
-class ToolCallFormat:
+class ToolCallFormat(FormatBase):
     name = "tool_call"
     instructions = INSTRUCTIONS
     region_instructions = REGION_INSTRUCTIONS
@@ -40,11 +41,7 @@ class ToolCallFormat:
     # prompts and its rollout must use one template.
     renders_tools = True
 
-    # ---- what a prompt and a run's settings need (no instance) ----
-    @classmethod
-    def instructions_for(cls, region_action: bool = False) -> str:
-        return cls.instructions + cls.region_instructions if region_action else cls.instructions
-
+    # ---- what a prompt and a run's settings need (no instance; `instructions_for` from FormatBase) ----
     @staticmethod
     def prompt_tools(config: Any) -> Optional[tuple[dict, ...]]:
         return tools_for(config)

@@ -101,6 +101,7 @@ class Guard:
         rows = sample_rows(view)
         count = min(len(rows), max(1, round(self.positions_fraction * len(rows)))) if self.positions_fraction else 0
         report.positions_checked = sorted(self._draw.sample(range(len(rows)), count))
+        compare_positions = set(report.positions_checked)
         found: dict[int, list[Failure]] = {}
         for row in rows:
             s = row.index
@@ -110,7 +111,7 @@ class Guard:
             fails += vision_fails + self._image_runs(row, blocks, images[s], view.pixel_band)
             fails += observations(row, oracle)
             fails += check_turns(row, turn_ids[s] if turn_ids is not None else None)
-            if s in report.positions_checked and not fails:
+            if s in compare_positions and not fails:
                 views = [trainer_rescale(image, view.pixel_band.get("trainer_min_pixels"),
                                          view.pixel_band.get("trainer_max_pixels")) for image in images[s]]
                 fails += check_positions(row, oracle.expand_images(views)[1], oracle)
