@@ -15,6 +15,7 @@ POSITION_LAYOUTS = ("auto", "4", "3")
 ACTION_FORMATS = ("tags", "tool_call")
 ROLLOUT_MODES = ("sync", "continuous")
 PREFLIGHT_MODES = ("fail", "warn", "off")  # retriever_preflight (rollout/agent.py, retrieval/preflight.py)
+GUARD_MODES = ("fail", "drop", "warn", "off")  # guard (verify/guard.py MODES)
 
 
 @dataclass
@@ -108,6 +109,15 @@ class AgentRolloutConfig:
     action_regex: Optional[str] = None
     # The grammar of an episode's first turn instead of action_regex (e.g. "search or fetch first").
     first_turn_action_regex: Optional[str] = None
+    # The live guard (verify/guard.py) on every batch handed to the trainer: "drop" takes a bad
+    # sample out of the loss, "fail" stops the step with the report, "warn" only reports, "off"
+    # skips it. The mrope comparison runs on this fraction of each batch's samples (at least one).
+    guard: str = "drop"
+    guard_positions_fraction: float = 0.125
+    # Where the run's first `guard_samples_limit` bad samples are saved (`vrag-rollout view`
+    # opens each file); None saves none.
+    guard_samples_dir: Optional[str] = "guard_bad_samples"
+    guard_samples_limit: int = 16
 
     def __post_init__(self) -> None:
         self.fetch_modes = tuple(self.fetch_modes)
@@ -147,6 +157,12 @@ class AgentRolloutConfig:
             problems.append(f"retriever_failure_warn_rate must be within 0..1, got {self.retriever_failure_warn_rate}")
         if self.retriever_retries < 0 or self.retriever_timeout <= 0:
             problems.append("retriever_retries must be >= 0 and retriever_timeout > 0")
+        if self.guard not in GUARD_MODES:
+            problems.append(f"guard must be one of {GUARD_MODES}, got {self.guard!r}")
+        if not 0 <= self.guard_positions_fraction <= 1:
+            problems.append(f"guard_positions_fraction must be within 0..1, got {self.guard_positions_fraction}")
+        if self.guard_samples_limit < 0:
+            problems.append(f"guard_samples_limit must be >= 0, got {self.guard_samples_limit}")
         if problems:
             raise ValueError("invalid rollout config: " + "; ".join(problems))
         self.position_ids_layout = str(self.position_ids_layout)

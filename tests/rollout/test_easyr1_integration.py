@@ -386,6 +386,10 @@ FAKE_EASYR1 = {
     ''',
     "trainer/__init__.py": "",
     "trainer/main.py": "Runner = None\n",
+    "trainer/ray_trainer.py": '''
+        def compute_data_metrics(batch, use_critic=False):  # the trainer's per-step batch metrics
+            return {"response_length/mean": float(batch.batch["response_mask"].sum(-1).float().mean())}
+    ''',
     "trainer/config.py": '''
         from dataclasses import dataclass, field
         from typing import Optional
@@ -464,6 +468,7 @@ def easyr1(tmp_path, monkeypatch):
 
 
 def _agent_config(**kw):
+    kw.setdefault("guard", "off")  # the stand-in's model path is no model (tests/verify/test_guard_easyr1.py guards)
     return glue.easyr1_rollout_config_class()(name=glue.AGENT_ROLLOUT_NAME, **kw)
 
 
@@ -627,7 +632,8 @@ def test_a_named_template_file_reaches_the_dataset(easyr1, monkeypatch, tmp_path
 def test_install_is_idempotent(easyr1):
     first = glue.install_agent_rollout()
     assert first == dict.fromkeys(
-        ["rollout", "multi_modal_cache", "generation_columns", "reward_view", "estimators", "prompt_tools"], True)
+        ["rollout", "multi_modal_cache", "generation_columns", "reward_view", "estimators", "prompt_tools",
+         "guard_metrics"], True)
     import verl.workers.fsdp_workers as fw
 
     dispatcher = fw.vLLMRollout

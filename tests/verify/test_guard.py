@@ -4,17 +4,17 @@ policy drops, stops or only reports."""
 
 from __future__ import annotations
 
+import html
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from tests.verify.helpers import (copy_sample, delete_response_token, observation_blocks, response_image_runs,
-                                  rows_with_response_images, token_id)
 from vrag_rollout.verify.check import check_batch
 from vrag_rollout.verify.guard import Guard, GuardFailure, apply
-from vrag_rollout.verify.saved_batch import load_rollout
+from vrag_rollout.devkit.planted_defects import DEFECTS, plant
+from vrag_rollout.verify.saved_batch import from_dataproto, load_rollout
 
 
 def trainer_batch(saved) -> SimpleNamespace:
@@ -47,68 +47,36 @@ def test_clean_batches_pass(name, request):
     assert report.positions_checked == list(range(len(rollout.output)))
 
 
-def shift_positions(saved, processor):
-    image_pad = token_id(processor, "<|image_pad|>")
-    row = rows_with_response_images(saved, image_pad)[0]
-    P = saved.tensors["prompts"].shape[1]
-    saved.tensors["position_ids"][row, :, P + response_image_runs(saved, row, image_pad)[0][0]:] += 1
-    return row
+def resaved(batch, rollout, processor):
+    """The trainer batch as `check` reads it from disk."""
+    return from_dataproto(batch, processor=processor, model_path=rollout.model_dir, config=rollout.config)
 
 
-def cut_a_pad(saved, processor):
-    image_pad = token_id(processor, "<|image_pad|>")
-    row = rows_with_response_images(saved, image_pad)[0]
-    delete_response_token(saved, row, response_image_runs(saved, row, image_pad)[0][1] - 1)
-    return row
-
-
-def observation_in_the_loss(saved, processor):
-    row = next(r for r in range(len(saved)) if observation_blocks(saved, r))
-    saved.tensors["loss_mask"][row, observation_blocks(saved, row)[0][0] + 1] = 1
-    return row
-
-
-def vision_token_sampled(saved, processor):
-    row, P = 1, saved.tensors["prompts"].shape[1]
-    position = int(saved.tensors["loss_mask"][row].nonzero()[2])
-    for key, offset in (("responses", 0), ("input_ids", P)):
-        saved.tensors[key][row, offset + position] = token_id(processor, "<|image_pad|>")
-    return row
-
-
-def past_the_eos(saved, processor):
-    """Tokens kept after the episode's end (a split stop string's remainder, kept)."""
-    P, R = saved.tensors["prompts"].shape[1], saved.tensors["responses"].shape[1]
-    reasons = saved.columns["termination_reason"]
-    row = next(r for r in range(len(saved)) if reasons[r] == "answered"
-               and int(saved.tensors["response_mask"][r].sum()) < R - 3)
-    used = int(saved.tensors["response_mask"][row].sum())
-    for key in ("response_mask", "loss_mask"):
-        saved.tensors[key][row, used:used + 3] = 1
-    saved.tensors["attention_mask"][row, P + used:P + used + 3] = 1
-    return row
-
-
-def duplicated_group(saved, processor):
-    first, second = 2, 3  # prompt 1's two samples
-    copy_sample(saved, first, second)
-    return first
-
-
-DEFECTS = [shift_positions, cut_a_pad, observation_in_the_loss, vision_token_sampled, past_the_eos, duplicated_group]
-
-
-@pytest.mark.parametrize("plant", DEFECTS, ids=[d.__name__ for d in DEFECTS])
-def test_each_planted_defect_marks_the_sample_check_fails(plant, saved, guard, grammar_rollout, tiny_processor):
-    row = plant(saved, tiny_processor)
-    report = guard.inspect(trainer_batch(saved), grammar_rollout.config)
+@pytest.mark.parametrize("name", list(DEFECTS))
+def test_each_planted_defect_marks_the_sample_check_fails(name, saved, guard, grammar_rollout, tiny_processor):
+    batch = trainer_batch(saved)
+    row = plant(name, batch, tiny_processor, set())
+    report = guard.inspect(batch, grammar_rollout.config)
     assert report.bad_samples == [row], report.lines()
-    assert bad_per_check(saved, grammar_rollout.model_dir) == {row}
+    assert bad_per_check(resaved(batch, grammar_rollout, tiny_processor), grammar_rollout.model_dir) == {row}
+
+
+def test_all_six_defects_in_one_batch_each_on_its_own_sample(saved, guard, grammar_rollout, tiny_processor):
+    """What `scripts/check_easyr1.py --plant all` and `scripts/check_verl.py --plant all` do."""
+    batch = trainer_batch(saved)
+    taken: set = set()
+    rows = {name: plant(name, batch, tiny_processor, taken) for name in DEFECTS}
+    assert len(set(rows.values())) == len(DEFECTS)
+    report = guard.inspect(batch, grammar_rollout.config)
+    assert report.bad_samples == sorted(rows.values()), report.lines()
+    with pytest.raises(ValueError, match="unknown defect 'typo'"):
+        plant("typo", batch, tiny_processor, set())
 
 
 def test_drop_masks_exactly_the_bad_samples_and_fail_stops(saved, guard, grammar_rollout, tiny_processor):
-    rows = {observation_in_the_loss(saved, tiny_processor), vision_token_sampled(saved, tiny_processor)}
     batch = trainer_batch(saved)
+    taken: set = set()
+    rows = {plant("observation_in_loss", batch, tiny_processor, taken), plant("vision_token_sampled", batch, tiny_processor, taken)}
     before = {key: batch.batch[key].clone() for key in ("response_mask", "loss_mask")}
     report = guard.inspect(batch, grammar_rollout.config)
     assert set(report.bad_samples) == rows
@@ -137,15 +105,67 @@ def test_a_guarded_rollout_acts_on_every_batch_and_learn_records_it(saved, guard
     """What `vrag-rollout learn --guard` wires: the rollout's batch is inspected and acted on before
     the update, and the step's metrics line carries the counts."""
     from vrag_rollout.training.learn import guard_fields
-    from vrag_rollout.verify.guard import guarded
+    from vrag_rollout.verify.guard import LiveGuard, guarded
 
-    row = observation_in_the_loss(saved, tiny_processor)
-    batch = guarded(lambda prompts: trainer_batch(saved), guard, "drop", grammar_rollout.config)(None)
+    planted = trainer_batch(saved)
+    row = plant("observation_in_loss", planted, tiny_processor, set())
+    batch = guarded(lambda prompts: planted, LiveGuard(guard, "drop", config=grammar_rollout.config))(None)
     assert int(batch.batch["loss_mask"][row].sum()) == 0 and int(batch.batch["response_mask"][row].sum()) == 0
     assert guard_fields(batch) == {"guard_checked": float(len(saved)), "guard_bad": 1.0, "guard_dropped": 1.0}
     assert guard_fields(SimpleNamespace(meta_info={})) == {"guard_checked": 0.0, "guard_bad": 0.0,
                                                            "guard_dropped": 0.0}
+    again = trainer_batch(load_rollout(grammar_rollout.path))
+    row = plant("observation_in_loss", again, tiny_processor, set())
     with pytest.raises(GuardFailure, match=f"sample {row}"):
-        guarded(lambda prompts: trainer_batch(saved), guard, "fail", grammar_rollout.config)(None)
+        guarded(lambda prompts: again, LiveGuard(guard, "fail", config=grammar_rollout.config))(None)
     with pytest.raises(ValueError, match="guard must be one of"):
-        guarded(lambda prompts: None, guard, "strict")
+        LiveGuard(guard, "strict")
+
+
+def test_row_verdicts_survive_a_split_and_sum_back_to_the_report(saved, guard, grammar_rollout, tiny_processor):
+    """A trainer splits the batch over data-parallel ranks and concatenates it again: the per-row
+    column keeps each sample's verdict, and its sums are the report's counts."""
+    from vrag_rollout.verify.guard import GUARD_COLUMN, LiveGuard, column_metrics
+
+    batch = trainer_batch(saved)
+    taken: set = set()
+    rows = sorted({plant("observation_in_loss", batch, tiny_processor, taken),
+                   plant("vision_token_sampled", batch, tiny_processor, taken)})
+    metrics = LiveGuard(guard, "drop", config=grammar_rollout.config)(batch)
+    column = batch.non_tensor_batch[GUARD_COLUMN]
+    halves = [column[: len(column) // 2], column[len(column) // 2:]]
+    summed = column_metrics(np.concatenate(halves[::-1]))
+    assert summed["guard/checked"] == metrics["guard/checked"] == len(saved)
+    assert summed["guard/bad"] == summed["guard/dropped"] == metrics["guard/dropped"] == len(rows)
+    assert {name: value for name, value in summed.items() if name.startswith("guard/bad/")} == \
+        {name: value for name, value in metrics.items() if name.startswith("guard/bad/")}
+    assert [s for s in range(len(saved)) if column[s]["bad"]] == rows
+
+
+def test_the_first_bad_samples_are_saved_where_check_and_view_read_them(saved, guard, grammar_rollout, tiny_processor,
+                                                                         tmp_path):
+    from vrag_rollout.verify.guard import BadSampleLog, LiveGuard
+    from vrag_rollout.verify.view import write_html
+
+    planted = trainer_batch(saved)
+    row = plant("observation_in_loss", planted, tiny_processor, set())
+    log = BadSampleLog(tmp_path / "bad", limit=1, processor=tiny_processor, model_path=grammar_rollout.model_dir,
+                       config=grammar_rollout.config)
+    live = LiveGuard(guard, "drop", log, config=grammar_rollout.config)
+    planted_mask = saved.tensors["loss_mask"][row].clone()
+    live(planted)  # drops the sample: its masks are zeroed in place
+    assert int(saved.tensors["loss_mask"][row].sum()) == 0
+    assert log.paths == [tmp_path / "bad" / "step_00001.pt"]
+    kept = load_rollout(log.paths[0])
+    assert len(kept) == 1 and kept.columns["guard_sample"] == [row] and kept.columns["guard_step"] == [1]
+    assert kept.columns["doc_id"] == [saved.columns["doc_id"][row]]
+    # saved as the rollout made it (before drop zeroed the masks), so check finds the same defect
+    assert torch.equal(kept.tensors["loss_mask"][0], planted_mask)
+    assert kept.columns["guard_failures"][0] == [str(f) for f in live.last.failures[row]]
+    assert {f.check for f in check_batch(kept, grammar_rollout.model_dir).failures} >= {"observations"}
+    page = write_html(log.paths[0], tmp_path / "bad.html").read_text()
+    assert f'<p class="guard"><b>guard</b> {html.escape(str(live.last.failures[row][0]))}</p>' in page
+    again = trainer_batch(load_rollout(grammar_rollout.path))
+    plant("vision_token_sampled", again, tiny_processor, set())
+    live(again)  # bad again, but the limit is reached: nothing more is written
+    assert not live.last.ok and len(log.paths) == 1 and log.saved == 1

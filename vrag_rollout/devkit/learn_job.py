@@ -101,6 +101,8 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
     from ..rollout.agent import vLLMRolloutAgent
     from ..training.grpo import response_log_probs
     from ..training.learn import episode_scores, learn, no_signal, reward_summary
+    from ..verify.drift import batch_drift
+    from ..verify.guard import LiveGuard, guarded
     from .demo import cache_dir, demo_config, demo_model, demo_page_band, demo_prompts, prepare_index
     from .learn_report import plot_rewards, summary_line
     from .learn_task import task_regex
@@ -131,10 +133,14 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
         engine = agent.inference_engine
         prompts = demo_prompts(tokenizer, processor, samples, config)
         rollout = agent.generate_sequences
-        if guard != "off":  # every batch inspected before it reaches the update (verify/guard.py)
-            from ..verify.guard import Guard, guarded
+        guard_config = config.updated(guard=guard, guard_samples_dir=str(out_dir / "guard_bad_samples"))
+        live = LiveGuard.from_config(model_dir, guard_config, processor=processor)
+        if live is not None:  # every batch inspected before it reaches the update (verify/guard.py)
+            rollout = guarded(rollout, live)
 
-            rollout = guarded(rollout, Guard(model_dir), guard, config)
+        def learn_drift(batch: Any, old_log_probs: Any) -> dict:
+            found = batch_drift(batch, old_log_probs, "loss_mask")
+            return {} if found is None else {**found.metrics(), "guard/drift/worst": found.worst}
 
         def sync(policy: Any) -> None:
             weights.sync_weights(engine, policy)
@@ -167,6 +173,7 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
             reward=lambda batch: episode_scores(batch, tokenizer, truths),
             hf_model=hf_model, optimizer=torch.optim.AdamW(hf_model.parameters(), lr=lr, weight_decay=0.0),
             processor=processor, n=n, temperature=temperature, steps=steps, out_dir=out_dir, on_step=on_step,
+            drift=learn_drift,
         )
         bar.close()
         summary = reward_summary(records)

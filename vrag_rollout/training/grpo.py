@@ -40,7 +40,7 @@ Pure: no I/O; the model, optimizer and batch are the caller's.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -176,12 +176,17 @@ def kl_to_reference(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, mask: to
 
 
 def grpo_step(hf_model: Any, optimizer: Any, processor: Any, batch: Any, rewards: Any, n: int,
-              temperature: float, config: Any = None, ref_log_prob: Optional[torch.Tensor] = None) -> dict:
+              temperature: float, config: Any = None, ref_log_prob: Optional[torch.Tensor] = None,
+              on_log_prob: Optional[Callable[[torch.Tensor], None]] = None) -> dict:
     """One GRPO update; returns {"loss", "advantage_std", "grad_norm", *verl's pg metrics} and, given
-    the reference model's `response_log_probs`, "kl_to_reference" of the policy that sampled."""
+    the reference model's `response_log_probs`, "kl_to_reference" of the policy that sampled.
+    `on_log_prob` receives the policy's (B, R) log-probs of the batch before the update (detached):
+    the old log-probs a trainer compares with the rollout's."""
     config = actor_config(n) if config is None else config
     optimizer.zero_grad()
     loss, log_prob, advantages, metrics = grpo_loss(hf_model, processor, batch, rewards, n, temperature, config)
+    if on_log_prob is not None:
+        on_log_prob(log_prob.detach())
     if ref_log_prob is not None:
         metrics = {**metrics, "kl_to_reference": kl_to_reference(log_prob, ref_log_prob, batch.batch["loss_mask"])}
     loss.backward()

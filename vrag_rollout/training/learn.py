@@ -23,9 +23,11 @@ Contract:
   5. appends one JSON line to `out_dir/metrics.jsonl` with `STEP_FIELDS` (`step` is 1-based; the
      `reward_*` parts are means over the batch, `pages_shown_mean` the pages the retriever showed an
      episode, `policy_movement` the pre-sync gap of step 4, `seconds_*` the step's time split,
-     `guard_*` the live guard's counts when the rollout is guarded, `verify/guard.py`) and
-     calls `on_step(record)`. The file is rewritten from the start of a run and flushed after every
-     line.
+     `guard_*` the live guard's counts when the rollout is guarded, `verify/guard.py`; `drift_*`
+     the largest per-turn gap between the update's old log-probs and the rollout's, and its turn,
+     when `drift(batch, old_log_probs)` is given) and calls `on_step(record)`; `out_dir/guard.jsonl`
+     gets the step's whole `guard/` metrics (per check, per turn, the worst samples). The files are
+     rewritten from the start of a run and flushed after every line.
 - The loop knows nothing of vLLM, the retriever or the agent (the layer rule: `training/` imports
   only `training/`, `core/` and the leaf modules); `devkit/learn_job.py` wires the real pieces
   (`vrag-rollout learn`).
@@ -49,7 +51,9 @@ from .grpo import actor_config, grpo_step
 
 STEP_FIELDS = ("step", "reward_mean", *(f"reward_{part}" for part in PARTS), "advantage_std", "loss", "grad_norm",
                "logprob_gap_max", "policy_movement", "kl_to_initial", "turns_mean", "pages_shown_mean",
-               "seconds_rollout", "seconds_update", "seconds_sync", "guard_checked", "guard_bad", "guard_dropped")
+               "seconds_rollout", "seconds_update", "seconds_sync", "guard_checked", "guard_bad", "guard_dropped",
+               "drift_max", "drift_worst_turn")
+GUARD_FILE = "guard.jsonl"
 GAP_TOLERANCE = 1e-3  # the engine's SYNC_TOLERANCE (engine/weights.py), restated: training/ may not import engine/
 # An update must move the probe's logprobs this many tolerances for the post-sync check to mean
 # anything: a sync that did nothing leaves exactly the pre-sync gap (same prompts, seed and
@@ -112,7 +116,7 @@ def mean(values: Sequence[float]) -> float:
 
 
 def step_record(step: int, scores: Sequence[Mapping[str, float]], update: Mapping[str, float], gap: float,
-                movement: float, batch: Any, seconds: Sequence[float]) -> dict:
+                movement: float, batch: Any, seconds: Sequence[float], drift: Optional[Mapping[str, float]] = None) -> dict:
     """One metrics line, fields in `STEP_FIELDS` order (`check_record` validates it)."""
     return {"step": int(step), "reward_mean": mean([s["overall"] for s in scores]),
             **{f"reward_{part}": mean([s[part] for s in scores]) for part in PARTS},
@@ -121,7 +125,8 @@ def step_record(step: int, scores: Sequence[Mapping[str, float]], update: Mappin
             "policy_movement": float(movement), "kl_to_initial": float(update["kl_to_reference"]), "turns_mean": turns_mean(batch),
             "pages_shown_mean": pages_shown_mean(batch), "seconds_rollout": float(seconds[0]),
             "seconds_update": float(seconds[1]), "seconds_sync": float(seconds[2]),
-            **guard_fields(batch)}
+            **guard_fields(batch), "drift_max": float((drift or {}).get("guard/drift/max", 0.0)),
+            "drift_worst_turn": float((drift or {}).get("guard/drift/worst_turn", 0.0))}
 
 
 def guard_fields(batch: Any) -> dict:
@@ -177,7 +182,8 @@ def reward_summary(records: Sequence[Mapping[str, float]], window: Optional[int]
 def learn(prompts: Any, *, rollout: Callable[[Any], Any], sync: Callable[[Any], Any], probe: Callable[[Any], float],
           reward: Callable[[Any], Sequence[Mapping[str, float]]], reference: Callable[[Any], Any], hf_model: Any,
           optimizer: Any, processor: Any, n: int, temperature: float, steps: int, out_dir: Path, config: Any = None,
-          gap_tolerance: float = GAP_TOLERANCE, on_step: Optional[Callable[[dict], None]] = None) -> list[dict]:
+          gap_tolerance: float = GAP_TOLERANCE, on_step: Optional[Callable[[dict], None]] = None,
+          drift: Optional[Callable[[Any, Any], Mapping[str, Any]]] = None) -> list[dict]:
     """Run the loop (module docstring); returns the metrics lines written."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
@@ -185,7 +191,8 @@ def learn(prompts: Any, *, rollout: Callable[[Any], Any], sync: Callable[[Any], 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     records: list[dict] = []
-    with open(out_dir / METRICS_FILE, "w", encoding="utf-8") as metrics_file:
+    with open(out_dir / METRICS_FILE, "w", encoding="utf-8") as metrics_file, \
+            open(out_dir / GUARD_FILE, "w", encoding="utf-8") as guard_file:
         for step in range(1, steps + 1):
             started = time.perf_counter()
             batch = rollout(prompts)
@@ -194,17 +201,21 @@ def learn(prompts: Any, *, rollout: Callable[[Any], Any], sync: Callable[[Any], 
                 raise LearnError(f"step {step}: {len(scores)} rewards for {len(batch.batch['responses'])} rows")
             rolled = time.perf_counter()
             # eval mode, as the engine computes (no dropout): old log-probs = the current model's
+            step_drift: dict = {}
+            on_log_prob = None if drift is None else (lambda log_prob: step_drift.update(drift(batch, log_prob)))
             update = grpo_step(hf_model, optimizer, processor, batch, [s["overall"] for s in scores], n, temperature,
-                               config, ref_log_prob=reference(batch))
+                               config, ref_log_prob=reference(batch), on_log_prob=on_log_prob)
             updated = time.perf_counter()
             movement = float(probe(hf_model))  # what a sync that did nothing would leave
             sync(hf_model)
             gap = float(probe(hf_model))
             synced = time.perf_counter()
             record = step_record(step, scores, update, gap, movement, batch,
-                                 (rolled - started, updated - rolled, synced - updated))
+                                 (rolled - started, updated - rolled, synced - updated), step_drift)
             metrics_file.write(json.dumps(record) + "\n")
             metrics_file.flush()
+            guard_file.write(json.dumps({"step": step, **(batch.meta_info.get("guard") or {}), **step_drift}) + "\n")
+            guard_file.flush()
             records.append(record)
             if on_step is not None:
                 on_step(record)
@@ -212,5 +223,5 @@ def learn(prompts: Any, *, rollout: Callable[[Any], Any], sync: Callable[[Any], 
     return records
 
 
-__all__ = ["GAP_TOLERANCE", "MOVEMENT_FACTOR", "LearnError", "no_signal", "METRICS_FILE", "STEP_FIELDS", "check_record", "episode_scores",
+__all__ = ["GAP_TOLERANCE", "GUARD_FILE", "MOVEMENT_FACTOR", "LearnError", "no_signal", "METRICS_FILE", "STEP_FIELDS", "check_record", "episode_scores",
            "episode_texts", "learn", "pages_shown_mean", "reward_summary", "step_record", "turns_mean"]

@@ -9,7 +9,8 @@ value: it recomputes from the model's own code what the rollout claims).
   positions, logprobs, ...).
 - `guard`: the live guard: `check`'s structural facts on a trainer batch in memory (no forward
   pass, mrope on a sampled share of the samples), and what to do with a bad sample
-  (`fail`, `drop`, `warn`, `off`).
+  (`fail`, `drop`, `warn`, `off`); the run's first bad samples saved for `view`.
+- `drift`: per-turn gaps between the trainer's log-probs of a batch and the rollout's.
 - `view`: a self-contained HTML view of a batch, opening on its episodes.
 - `episode_facts`: what the view says of an episode besides its tokens (question, ground truth,
   the reward the batch carries, why a `budget` end happened); shows, never computes, a reward.

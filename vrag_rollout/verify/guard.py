@@ -20,7 +20,9 @@ minus the forward pass:
 What it cannot see is what only `check --forward` sees: log-probabilities (image features in the
 wrong order at equal sizes, a wrong image at the right size).
 `apply(batch, report, mode)` acts on the report: `fail`, `drop` (the default of the trainers'
-`guard` setting), `warn` or `off`.
+`guard` setting), `warn` or `off`. `LiveGuard` is what a trainer holds (the guard, its mode, a
+`BadSampleLog` of the run's first bad samples); `row_verdicts`/`column_metrics` carry each
+sample's verdict through a trainer that splits and concatenates batches.
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ import io
 import random
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
+import numpy as np
+import torch
 from PIL import Image
 
 from .check.contract import check_padded_rows, check_row_contract, check_shapes
@@ -180,12 +185,19 @@ def _decoded(entry: Any) -> Image.Image:
 
 
 # ---- what to do with bad samples ----
-MODES = ("fail", "drop", "warn", "off")
+MODES = ("fail", "drop", "warn", "off")  # = config.GUARD_MODES (verify imports nothing of the rollout)
 _MASKS = ("response_mask", "loss_mask")  # EasyR1's loss reads response_mask; the rollout's batch has both
+GUARD_COLUMN = "vrag_guard"  # per row: that sample's verdict (`row_verdicts`), for trainers that reduce per row
 
 
 class GuardFailure(RuntimeError):
     """`fail` mode: the batch holds bad samples; the message names the first ones."""
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"guard must be one of {MODES}, got {mode!r}")
+    return mode
 
 
 def apply(batch: Any, report: GuardReport, mode: str) -> dict[str, float]:
@@ -199,8 +211,7 @@ def apply(batch: Any, report: GuardReport, mode: str) -> dict[str, float]:
     - `warn`: change nothing; the metrics and the caller's log say what was found;
     - `off`: the caller does not inspect at all (nothing to do here).
     """
-    if mode not in MODES:
-        raise ValueError(f"guard must be one of {MODES}, got {mode!r}")
+    check_mode(mode)
     metrics = report.metrics()
     bad = report.bad_samples
     if not bad or mode in ("warn", "off"):
@@ -214,15 +225,121 @@ def apply(batch: Any, report: GuardReport, mode: str) -> dict[str, float]:
     return {**metrics, "guard/dropped": float(len(bad))}
 
 
-def guarded(rollout: Callable[[Any], Any], guard: Guard, mode: str, config: Any = None) -> Callable[[Any], Any]:
-    """`rollout` whose every batch is inspected and acted on (`apply`); the step's `guard/`
-    metrics go to the batch's `meta_info["guard"]`."""
-    if mode not in MODES:
-        raise ValueError(f"guard must be one of {MODES}, got {mode!r}")
+def row_verdicts(report: GuardReport, dropped: bool) -> np.ndarray:
+    """Per sample, its verdict as numbers (`checked` 1, `bad` and `dropped` 0/1, `bad/<check>` 0/1),
+    an object column: a trainer that splits and concatenates the batch keeps each row's own, and
+    `column_metrics` sums them back into the step's counts."""
+    column = np.empty(report.samples, dtype=object)
+    for s in range(report.samples):
+        fails = report.failures.get(s)
+        verdict = {"checked": 1.0, "bad": float(bool(fails)), "dropped": float(bool(fails) and dropped)}
+        verdict.update({f"bad/{check}": 1.0 for check in sorted({f.check for f in fails or ()})})
+        column[s] = verdict
+    return column
+
+
+def column_metrics(column: Any, prefix: str = "guard/") -> dict[str, float]:
+    """The step's counts from a `GUARD_COLUMN` (sums over rows; a name missing from a row is 0)."""
+    totals: Counter = Counter()
+    for verdict in column:
+        totals.update({name: float(value) for name, value in (verdict or {}).items()})
+    return {f"{prefix}{name}": float(value) for name, value in sorted(totals.items())}
+
+
+class BadSampleLog:
+    """The first bad samples of a run, saved where `vrag-rollout view` opens them.
+
+    Each step that has bad samples, until `limit` samples are saved, writes the bad rows as they
+    came out of the rollout (before `drop` zeroed their masks) to `directory/step_NNNNN.pt`
+    (`.rankR` before `.pt` on data-parallel rank R > 0), with columns `guard_failures` (each sample's
+    failure lines, which `view` shows), `guard_step` and `guard_sample` (its row in that step's
+    batch); `saved_batch.save_rollout` writes it, so `check` and `view` read it.
+    """
+
+    def __init__(self, directory: Any, limit: int = 16, *, rank: int = 0, processor: Any = None,
+                 model_path: Any = None, config: Any = None):
+        self.directory = Path(directory)
+        self.limit, self.rank = int(limit), int(rank)
+        self.processor, self.model_path, self.config = processor, model_path, config
+        self.saved = 0
+        self.steps = 0
+        self.paths: list[Path] = []
+
+    def record(self, batch: Any, report: GuardReport) -> Optional[Path]:
+        self.steps += 1
+        rows = report.bad_samples[: max(0, self.limit - self.saved)]
+        if not rows:
+            return None
+        from .saved_batch import save_rollout
+
+        part = _rows_of(batch, rows)
+        failures = np.empty(len(rows), dtype=object)
+        for k, s in enumerate(rows):
+            failures[k] = [str(f) for f in report.failures[s]]
+        part.non_tensor_batch["guard_failures"] = failures
+        part.non_tensor_batch["guard_step"] = np.full(len(rows), self.steps, dtype=object)
+        part.non_tensor_batch["guard_sample"] = np.array(rows, dtype=object)  # its row in the step's batch
+        suffix = f".rank{self.rank}" if self.rank else ""
+        path = self.directory / f"step_{self.steps:05d}{suffix}.pt"
+        save_rollout(part, path, processor=self.processor, model_path=self.model_path, config=self.config)
+        self.saved += len(rows)
+        self.paths.append(path)
+        return path
+
+
+def _rows_of(batch: Any, rows: list[int]) -> Any:
+    """Some rows of a DataProto-like batch, as a plain object `save_rollout` reads (no copy of the rest)."""
+    from types import SimpleNamespace
+
+    index = torch.tensor(rows, dtype=torch.long)
+    tensors = {key: value.detach().cpu()[index] for key, value in batch.batch.items()}
+    columns = {key: np.asarray(value, dtype=object)[rows] if not isinstance(value, np.ndarray) else value[rows]
+               for key, value in (batch.non_tensor_batch or {}).items()}
+    return SimpleNamespace(batch=tensors, non_tensor_batch=columns, meta_info=dict(batch.meta_info or {}))
+
+
+class LiveGuard:
+    """What a trainer holds: a `Guard`, its mode and, optionally, its `BadSampleLog`.
+
+    `live(batch)` inspects the batch, saves its first bad samples, acts on them (`apply`), writes
+    each row's verdict to `GUARD_COLUMN` and returns the step's `guard/` metrics.
+    """
+
+    def __init__(self, guard: Guard, mode: str = "drop", samples: Optional[BadSampleLog] = None,
+                 config: Any = None):
+        if check_mode(mode) == "off":
+            raise ValueError("a LiveGuard in mode 'off' would inspect nothing: build none instead")
+        self.guard, self.mode, self.samples, self.config = guard, mode, samples, config
+        self.last: Optional[GuardReport] = None
+
+    @classmethod
+    def from_config(cls, model_dir: Any, config: Any, *, rank: int = 0, processor: Any = None) -> Optional["LiveGuard"]:
+        """From the rollout config's `guard*` fields (`config.AgentRolloutConfig`); None when `off`."""
+        mode = check_mode(getattr(config, "guard", "drop"))
+        if mode == "off":
+            return None
+        guard = Guard(model_dir, positions_fraction=getattr(config, "guard_positions_fraction", 0.125), seed=rank)
+        directory = getattr(config, "guard_samples_dir", None)
+        samples = (BadSampleLog(directory, getattr(config, "guard_samples_limit", 16), rank=rank,
+                                processor=processor or guard.oracle.processor, model_path=model_dir, config=config)
+                   if directory else None)
+        return cls(guard, mode, samples, config)
+
+    def __call__(self, batch: Any) -> dict[str, float]:
+        report = self.last = self.guard.inspect(batch, self.config)
+        if self.samples is not None and not report.ok:
+            self.samples.record(batch, report)
+        batch.non_tensor_batch[GUARD_COLUMN] = row_verdicts(report, dropped=self.mode == "drop")
+        return apply(batch, report, self.mode)
+
+
+def guarded(rollout: Callable[[Any], Any], live: LiveGuard) -> Callable[[Any], Any]:
+    """`rollout` whose every batch goes through `live`; the step's `guard/` metrics go to the
+    batch's `meta_info["guard"]`."""
 
     def run(prompts: Any) -> Any:
         batch = rollout(prompts)
-        batch.meta_info["guard"] = apply(batch, guard.inspect(batch, config), mode)
+        batch.meta_info["guard"] = live(batch)
         return batch
 
     return run

@@ -307,6 +307,8 @@ class _Episode:
         note = self.end_note()
         if note:
             lines.append(f'<p class="note"><b>budget</b> {html.escape(note)}</p>')
+        for failure in self.saved.column("guard_failures", None)[self.row] or ():  # saved by the live guard
+            lines.append(f'<p class="guard"><b>guard</b> {html.escape(str(failure))}</p>')
         return "".join(lines)
 
     def render(self) -> str:
@@ -339,6 +341,7 @@ table.episodes th,table.episodes td{border:1px solid #ddd;padding:3px 6px;text-a
 table.episodes th{background:#eee}
 table.episodes td.question{min-width:18em;max-width:36em}table.episodes td.end{max-width:24em}
 .note{font-size:.85em;color:#8a4b00}
+.guard{color:#b00020}
 mark.gold{background:#ffe08a;color:#222}
 figure.page.gold img{border:3px solid #d9a400}
 .parts{color:#555;font-size:.9em}

@@ -3,8 +3,9 @@
 `install_agent_rollout()` patches (all idempotent, each keyed to an EasyR1 name):
 `verl.workers.fsdp_workers` (rollout dispatcher, per-sample image cache), `verl.protocol`
 (generation pop), `verl.workers.reward.function` (reward view, placement, metrics),
-`verl.trainer.core_algos` (REINFORCE++ returns that skip observations) and `verl.utils.dataset`
-(tool schemas in the prompts of tool_call runs). With `lazy=True` a
+`verl.trainer.core_algos` (REINFORCE++ returns that skip observations), `verl.utils.dataset`
+(tool schemas in the prompts of tool_call runs) and `verl.trainer.ray_trainer` (the live guard's
+`guard/` metrics, `guard.py`). With `lazy=True` a
 module not imported yet is patched right after its first import (a meta-path finder wraps its
 loader), so processes that never import it (reward actors, idle Ray workers) do not pay for
 importing vLLM. `worker_setup_hook` is what Ray runs in every worker process.
@@ -68,9 +69,17 @@ class PatchingLoader(importlib.abc.Loader):
         return getattr(self.loader, name)
 
 
+def patch_trainer_metrics(module: Any) -> dict:
+    """The guard's metrics patch, imported when the trainer module is (it loads torch)."""
+    from .guard import patch_trainer_metrics as patch
+
+    return patch(module)
+
+
 def install_agent_rollout(*, rollout: bool = True, multi_modal_cache: bool = True,
                           generation_columns: bool = True, reward_view: bool = True,
-                          estimators: bool = True, prompt_tools: bool = True, lazy: bool = False) -> dict:
+                          estimators: bool = True, prompt_tools: bool = True, guard_metrics: bool = True,
+                          lazy: bool = False) -> dict:
     """Patch EasyR1 in this process (idempotent). Returns {patch name: newly installed?}.
 
     Must run in every Ray worker process: use `make_runtime_env()` with `ray.init` (the hook),
@@ -90,6 +99,8 @@ def install_agent_rollout(*, rollout: bool = True, multi_modal_cache: bool = Tru
         targets["verl.trainer.core_algos"] = patch_core_algos
     if prompt_tools:
         targets["verl.utils.dataset"] = patch_dataset
+    if guard_metrics:
+        targets["verl.trainer.ray_trainer"] = patch_trainer_metrics
     done: dict = {}
     deferred = {}
     with lock:

@@ -9,7 +9,10 @@ The adapter, per `generate_sequences` call:
   `vrag_metrics` (every row holds its worker's dict): `DataProto.concat` keeps only the first
   data-parallel chunk's meta_info, a column survives it, and the reward-manager patch turns it
   into reward metrics, which the trainer logs;
-* for the trainer's ReMax baseline call, the output is stripped (`estimators.strip_baseline_output`);
+* the live guard (`guard.py`), unless `guard: off`, inspects the agent's output first and acts on
+  it (`fail` raises, `drop` zeroes a bad sample's masks) and adds the per-row `vrag_guard` column;
+* for the trainer's ReMax baseline call, the output is stripped (`estimators.strip_baseline_output`)
+  and not guarded (only its rewards are used);
 * on the first call, the engine's vision input-norm buffers are restored (`engine_fixes`).
 """
 
@@ -58,7 +61,7 @@ class EasyR1RolloutAdapter:
     """Wraps the agent for EasyR1's worker (see the module docstring); everything else
     (`inference_engine` for the sharding manager, `update_sampling_params`, ...) is delegated."""
 
-    def __init__(self, rollout: Any):
+    def __init__(self, rollout: Any, live_guard: Any = None):
         engine = getattr(rollout, "inference_engine", None)
         if engine is None:
             raise TypeError(
@@ -68,6 +71,7 @@ class EasyR1RolloutAdapter:
                 "and enable_sleep_mode=True"
             )
         self._rollout = rollout
+        self._live_guard = live_guard
         self._engine_repaired = False
 
     def generate_sequences(self, prompts: Any) -> Any:
@@ -77,13 +81,15 @@ class EasyR1RolloutAdapter:
             restore_engine_input_norms(self._rollout.inference_engine)
             self._engine_repaired = True
         baseline = is_remax_baseline(prompts.meta_info)
-        output = easyr1_masks(self._rollout.generate_sequences(prompts))
+        output = self._rollout.generate_sequences(prompts)
         if baseline:
-            return strip_baseline_output(output)
-        return metrics_column(output)
+            return strip_baseline_output(easyr1_masks(output))
+        if self._live_guard is not None:  # on the agent's own batch, before its masks are merged
+            self._live_guard(output)
+        return metrics_column(easyr1_masks(output))
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("_rollout", "_engine_repaired"):  # not set yet (e.g. during copy): avoid recursing
+        if name in ("_rollout", "_live_guard", "_engine_repaired"):  # not set yet (e.g. during copy): avoid recursing
             raise AttributeError(name)
         return getattr(self._rollout, name)
 
@@ -184,7 +190,9 @@ class RolloutDispatcher:
             agent_kwargs["inference_engine"] = base.inference_engine
         rollout = agent_cls(model_path=model_path, config=config, tokenizer=tokenizer,
                             processor=processor, **agent_kwargs)
-        return EasyR1RolloutAdapter(rollout)
+        from .guard import guard_for
+
+        return EasyR1RolloutAdapter(rollout, guard_for(model_path, config, processor))
 
 
 def patch_fsdp_workers(module: Any, rollout: bool = True, multi_modal_cache: bool = True) -> dict:
