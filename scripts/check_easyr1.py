@@ -18,7 +18,18 @@ Stages, in the order a training step takes them (each prints `[stage] ok` or fai
  5. logprobs: the actor's `compute_log_probs` on that batch; the rollout/actor logprob gap on
     loss-masked tokens is printed and must be <= 1e-3 (fp32, no grammar);
  6. reward: EasyR1's `AutoRewardManager` with `examples/reward_function/vrag.py`;
- 7. with `--steps N`, N training steps through EasyR1's own code, on the find-the-page task
+    the live guard (on by default, `drop`) ran inside `generate_sequences` in stage 3: its verdicts
+    must find no bad sample in that clean batch, and EasyR1's own `compute_data_metrics` (patched)
+    must report them under `guard/`; the per-turn drift of the actor's log-probs against the
+    rollout's is printed for the free turns;
+ 7. with `--plant` (needs --batch-size x --n >= 8), the six known defects
+    (`vrag_rollout/devkit/planted_defects.py`) are planted, one per sample, into the agent's batch
+    inside the worker's `generate_sequences`, before the guard sees it (the agent's own
+    `generate_sequences` is wrapped): under `drop` exactly the planted samples must come out with
+    `response_mask` zeroed and `guard/dropped` = 6 in the trainer's metrics; under `fail` the call
+    must raise `GuardFailure`. Positions are compared on every sample here
+    (`guard_positions_fraction=1`) so the shifted-positions sample cannot escape the draw;
+ 8. with `--steps N`, N training steps through EasyR1's own code, on the find-the-page task
     (`vrag_rollout/devkit/learn_task.py`: evidence on page 3, its grammar on every turn): rollout,
     `AutoRewardManager`, the actor's `compute_log_probs` (old_log_probs), the trainer's
     `compute_advantage` (GRPO, uid groups of n), the worker's `update_actor`
@@ -309,6 +320,87 @@ def logprob_gap(worker, batch, banned_ids, free_from: dict, tokenizer) -> dict:
             "raw_mean": float(raw.mean()), "max": float(gap.max()), "mean": float(gap.mean())}
 
 
+def guard_clean(batch, free_from: dict) -> None:
+    """Stage 6's guard part: the clean batch's verdicts and EasyR1's own per-step metrics."""
+    import torch
+    from verl.trainer import ray_trainer
+
+    from vrag_rollout.verify.drift import turn_drift
+
+    metrics = ray_trainer.compute_data_metrics(batch=batch, use_critic=False)
+    guard = {k: v for k, v in metrics.items() if k.startswith("guard/")}
+    print("  guard metrics in EasyR1's compute_data_metrics: " + ", ".join(f"{k}={v:g}" for k, v in sorted(guard.items())),
+          flush=True)
+    if guard.get("guard/checked") != len(batch) or guard.get("guard/bad", 0) != 0:
+        raise AssertionError(f"the guard on a clean batch: {guard}")
+    free = torch.zeros_like(batch.batch["response_mask"], dtype=torch.bool)
+    for row, start in free_from.items():
+        free[row, start:] = True
+    drift = turn_drift(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], batch.batch["turn_ids"],
+                       batch.batch["response_mask"].bool() & free)
+    print("  per-turn drift on the free turns (old_log_probs vs rollout_log_probs): " + "; ".join(drift.lines()),
+          flush=True)
+
+
+def guard_planted(worker, trainer_batch, agent, processor, n: int) -> None:
+    """Stage 7: the six defects planted inside the worker's generate_sequences, guarded in drop and fail."""
+    from verl.trainer import ray_trainer
+
+    from vrag_rollout.devkit.planted_defects import DEFECTS, plant
+    from vrag_rollout.verify.guard import GUARD_COLUMN, GuardFailure, LiveGuard
+
+    adapter = worker.rollout
+    live = adapter._live_guard
+    rollout = adapter._rollout
+    original = rollout.generate_sequences
+    planted: dict = {}
+
+    def planting(prompts):
+        output = original(prompts)
+        taken: set = set()
+        planted.clear()
+        planted.update({name: plant(name, output, processor, taken, n) for name in DEFECTS})
+        return output
+
+    rollout.generate_sequences = planting
+    agent.free_last_turn = False  # the grammar on every turn: episodes answer (past_the_stop needs one)
+    try:
+        for mode in ("drop", "fail"):
+            adapter._live_guard = LiveGuard(live.guard, mode, live.samples, live.config)
+            batch, gen_batch = trainer_batch(f"plant-{mode}-")
+            worker.prepare_rollout_engine()
+            try:
+                output = worker.generate_sequences(gen_batch)
+            except GuardFailure as failure:
+                if mode != "fail":
+                    raise
+                print(f"  fail: the step stopped: {str(failure)[:300]}...", flush=True)
+                continue
+            finally:
+                worker.release_rollout_engine()
+            if mode == "fail":
+                raise AssertionError("guard: fail let a batch with six planted defects through")
+            rows = sorted(planted.values())
+            bad = [s for s, verdict in enumerate(output.non_tensor_batch[GUARD_COLUMN]) if verdict["bad"]]
+            zeroed = [s for s in range(len(output)) if int(output.batch["response_mask"][s].sum()) == 0]
+            print(f"  drop: planted {planted}; guard's bad samples {bad}; response_mask zeroed on {zeroed}", flush=True)
+            if bad != rows or zeroed != rows:
+                raise AssertionError(f"drop: planted {rows}, bad {bad}, zeroed {zeroed}")
+            batch = batch.repeat(repeat_times=n, interleave=True).union(output)
+            batch = batch.union(worker.compute_log_probs(batch))
+            metrics = ray_trainer.compute_data_metrics(batch=batch, use_critic=False)
+            guard = {k: v for k, v in sorted(metrics.items()) if k.startswith("guard/")}
+            print("  drop: EasyR1's step metrics: " + ", ".join(f"{k}={v:g}" for k, v in guard.items()), flush=True)
+            if guard.get("guard/dropped") != len(DEFECTS):
+                raise AssertionError(f"guard/dropped {guard.get('guard/dropped')} != {len(DEFECTS)}")
+            if live.samples is not None and live.samples.paths:
+                print(f"  the first bad samples, for `vrag-rollout view`: {live.samples.paths[-1]}", flush=True)
+    finally:
+        rollout.generate_sequences = original
+        adapter._live_guard = live
+        agent.free_last_turn = True
+
+
 def probe_regex(action_format: str, max_page: int = 3) -> str:
     """A gap probe's turns before its free last turn: fetch a page every sample document has
     (1..3), so every probe episode reaches its free turn after retrieved pages."""
@@ -411,6 +503,8 @@ def main() -> int:
                         help="then run this many GRPO steps through EasyR1 on the find-the-page task (0: none)")
     parser.add_argument("--lr", type=float, default=1e-3,
                         help="the actor's learning rate for --steps (EasyR1's 1e-6 barely moves the tiny model)")
+    parser.add_argument("--plant", action="store_true",
+                        help="plant the six known defects in the worker path and check the guard's drop and fail")
     parser.add_argument("--data", type=Path, default=None,
                         help="a question file about the sample corpus documents, in the --from layout, converted "
                              "by convert-dataset instead of the script's own questions (not with --steps)")
@@ -418,6 +512,8 @@ def main() -> int:
                         choices=["vidoseek", "slidevqa", "mmlongbench-doc", "mmdocir", "longdocurl"],
                         help="the layout of --data (a public set's released format)")
     args = parser.parse_args()
+    if args.plant and args.batch_size * args.n < 8:
+        parser.error("--plant needs --batch-size x --n >= 8 (six defects on their own samples, one spare group)")
     if args.data is not None and args.steps:
         parser.error("--data is for the one-step path; --steps trains on the find-the-page task's own questions")
 
@@ -486,6 +582,8 @@ def main() -> int:
             "worker.rollout.calculate_log_probs=true", "worker.rollout.max_num_batched_tokens=4096",
             f"worker.rollout.action_format={args.action_format}",
             "worker.rollout.gpu_memory_utilization=0.3", f"worker.rollout.temperature={args.temperature}",
+            f"worker.rollout.guard_samples_dir={work / 'guard_bad_samples'}",
+            f"worker.rollout.guard_positions_fraction={1.0 if args.plant else 0.125}",
             f"worker.reward.reward_function={REPO / 'examples' / 'reward_function' / 'vrag.py'}:compute_score",
             "trainer.n_gpus_per_node=1",
         ] + ([f"worker.actor.optim.lr={args.lr}", "algorithm.disable_kl=true", "algorithm.use_kl_loss=false"]
@@ -596,7 +694,14 @@ def main() -> int:
         print(f"  reward per episode: {scores.sum(-1).tolist()}", flush=True)
         print("  reward metrics: " + ", ".join(f"{k}={float(np.mean(v)):.3g}" for k, v in sorted(metrics.items())),
               flush=True)
+        guard_clean(batch, free_agent.free_from)
         stage("reward", started)
+
+        # ---- 7. planted defects ----
+        if args.plant:
+            started = time.perf_counter()
+            guard_planted(worker, trainer_batch, free_agent, processor, args.n)
+            stage("guard", started)
 
         # ---- 7. training steps ----
         if args.steps:

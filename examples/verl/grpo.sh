@@ -7,6 +7,10 @@
 #        INDEX at the URL of the agent-loop file. Extra key=value arguments override these (hydra).
 # multi_turn.enable=True: without it verl's fully async trainer (fully_async_main) rolls every row out
 # with single_turn_agent instead of the row's agent; the synchronous trainer reads it for nothing else.
+# The live guard (docs/verl.md): the guarded agent-loop manager runs it on every batch in verl's
+# workers and logs guard/ metrics (counts, per-turn drift); its mode is `guard` in the agent-loop file
+# (drop). It needs verl's synchronous trainer as its workers build the batch: trainer.use_v1=False
+# (verl 0.9.1's v1 trainer stores trajectories one by one in its TransferQueue; the manager refuses it).
 # docs/verl.md.
 set -euo pipefail
 : "${MODEL_PATH:?set MODEL_PATH (or run grpo_qwen2_5_vl_7b.sh / grpo_qwen3_vl_4b_tool_call.sh)}"
@@ -38,6 +42,8 @@ python -m verl.trainer.main_ppo \
     actor_rollout_ref.rollout.agent.agent_loop_config_path="examples/verl/$AGENT_LOOP" \
     actor_rollout_ref.rollout.agent.default_agent_loop=vrag_agent \
     actor_rollout_ref.rollout.multi_turn.enable=True \
+    +actor_rollout_ref.rollout.agent.agent_loop_manager_class=vrag_rollout.integrations.verl.guard.GuardedAgentLoopManager \
+    trainer.use_v1=False \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 \
     reward.custom_reward_function.path=examples/reward_function/vrag_verl.py \
     reward.custom_reward_function.name=compute_score \

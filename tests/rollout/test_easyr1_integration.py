@@ -436,6 +436,11 @@ class Agent:
 class Engineless:
     def __init__(self, model_path, config, tokenizer, processor, **kwargs):
         self.inference_engine = None
+
+
+class PassingOn(Agent):  # a subclass that passes its arguments on, as scripts' agents do
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
 '''
 
 
@@ -551,6 +556,18 @@ def test_rollout_dispatch_by_name(easyr1):
         FSDPWorker(Cfg(plain))._build_rollout()
     with pytest.raises(NotImplementedError, match="LoRA"):
         FSDPWorker(Cfg(_agent_config()))._build_rollout(lora_kwargs={"enable_lora": True})
+
+
+def test_an_agent_taking_keywords_through_kwargs_gets_easyr1s_engine(easyr1, monkeypatch):
+    """Not an engine of its own, which the sharding manager would never sync weights into."""
+    monkeypatch.setenv(glue.AGENT_CLASS_ENV, "fake_agent:PassingOn")
+    glue.install_agent_rollout()
+    from verl.workers.fsdp_workers import FSDPWorker
+
+    config = _agent_config(max_turns=3, top_n=2)
+    worker = FSDPWorker(type("Cfg", (), {"rollout": config})())
+    worker._build_rollout()
+    assert worker.rollout.inference_engine == ("easyr1-engine", config.images_per_sample())
 
 
 def test_agent_without_engine_is_rejected(easyr1, monkeypatch):

@@ -158,3 +158,17 @@ def test_the_reward_scores_native_episodes_like_tag_episodes(native):
             assert last_answer(response) == final_answer(last_turn)
             scored += 1
     assert scored > 0
+
+
+def test_the_live_guard_finds_no_bad_sample_in_native_batches(native):
+    """No false alarm: the guard (every check, positions on every sample) passes these clean
+    batches of every family in the tool_call format, in both schedules."""
+    from vrag_rollout.devkit.demo import demo_config, demo_page_band
+    from vrag_rollout.verify.guard import Guard
+
+    fm, _, outputs = native
+    config = demo_config(**demo_page_band(fm.processor), n=2, action_format="tool_call", prompt_length=1024)
+    guard = Guard(fm.model_dir, positions_fraction=1.0)
+    for mode, output in outputs.items():
+        report = guard.inspect(output, config)
+        assert report.ok and len(report.positions_checked) == len(output), (mode, report.lines())

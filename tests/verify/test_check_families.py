@@ -75,3 +75,14 @@ def test_view_shows_every_image(family_batches):
     page = render(saved)
     assert page.count('class="episode"') == len(saved)
     assert page.count('class="thumb"') == sum(len(images) for images in saved.images)
+
+
+def test_the_live_guard_finds_no_bad_sample_in_clean_batches(family_batches):
+    """No false alarm on either batch of the family (every sample's positions compared)."""
+    from vrag_rollout.verify.guard import Guard
+
+    model, grammar, free = family_batches
+    guard = Guard(model.model_dir, positions_fraction=1.0)
+    for rollout in (grammar, free):
+        report = guard.inspect(rollout.output, rollout.config)
+        assert report.ok, report.lines()

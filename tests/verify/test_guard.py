@@ -153,11 +153,13 @@ def test_the_first_bad_samples_are_saved_where_check_and_view_read_them(saved, g
                        config=grammar_rollout.config)
     live = LiveGuard(guard, "drop", log, config=grammar_rollout.config)
     planted_mask = saved.tensors["loss_mask"][row].clone()
+    live(trainer_batch(load_rollout(grammar_rollout.path)))  # a clean step: nothing written, but counted
+    assert live.last.ok and log.paths == []
     live(planted)  # drops the sample: its masks are zeroed in place
     assert int(saved.tensors["loss_mask"][row].sum()) == 0
-    assert log.paths == [tmp_path / "bad" / "step_00001.pt"]
+    assert log.paths == [tmp_path / "bad" / "step_00002.pt"]
     kept = load_rollout(log.paths[0])
-    assert len(kept) == 1 and kept.columns["guard_sample"] == [row] and kept.columns["guard_step"] == [1]
+    assert len(kept) == 1 and kept.columns["guard_sample"] == [row] and kept.columns["guard_step"] == [2]
     assert kept.columns["doc_id"] == [saved.columns["doc_id"][row]]
     # saved as the rollout made it (before drop zeroed the masks), so check finds the same defect
     assert torch.equal(kept.tensors["loss_mask"][0], planted_mask)

@@ -88,14 +88,23 @@ def batch_drift(batch: Any, actor: torch.Tensor, mask_key: str = "loss_mask", wo
     """`turn_drift` of a trainer batch (DataProto-like) against the actor's (B, R) log-probs of it,
     over `mask_key`'s tokens. None when there is nothing meaningful to compare: the batch lacks
     `rollout_log_probs` or `turn_ids` (the rollout ran without `calculate_log_probs`), or an action
-    grammar constrained the sampling (`meta_info["action_grammar"]`: the engine's log-probs are
-    then the constrained distribution's, nats away from the model's on every free token)."""
+    grammar constrained the sampling (the batch's record of it, `_sampled_under_grammar`: the
+    engine's log-probs are then the constrained distribution's, nats from the model's)."""
     tensors = batch.batch
     if "rollout_log_probs" not in tensors.keys() or "turn_ids" not in tensors.keys():
         return None
-    if (batch.meta_info or {}).get("action_grammar"):
+    if _sampled_under_grammar(batch):
         return None
     return turn_drift(actor, tensors["rollout_log_probs"], tensors["turn_ids"], tensors[mask_key].bool(), worst)
+
+
+def _sampled_under_grammar(batch: Any) -> bool:
+    """The rollout's record: `meta_info["action_grammar"]` (EasyR1, learn) or, where the trainer
+    keeps no batch meta (verl's agent loop), any row's `rollout_meta` column entry."""
+    if (getattr(batch, "meta_info", None) or {}).get("action_grammar"):
+        return True
+    recorded = (getattr(batch, "non_tensor_batch", None) or {}).get("rollout_meta")
+    return recorded is not None and any(isinstance(row, dict) and row.get("action_grammar") for row in recorded)
 
 
 __all__ = ["TurnDrift", "batch_drift", "turn_drift"]

@@ -249,8 +249,9 @@ def column_metrics(column: Any, prefix: str = "guard/") -> dict[str, float]:
 class BadSampleLog:
     """The first bad samples of a run, saved where `vrag-rollout view` opens them.
 
-    Each step that has bad samples, until `limit` samples are saved, writes the bad rows as they
-    came out of the rollout (before `drop` zeroed their masks) to `directory/step_NNNNN.pt`
+    `record` is called once per guarded batch; a batch that has bad samples, until `limit` samples
+    are saved, has its bad rows written as they came out of the rollout (before `drop` zeroed their
+    masks) to `directory/step_NNNNN.pt` (NNNNN: the batch's number among this log's batches, from 1)
     (`.rankR` before `.pt` on data-parallel rank R > 0), with columns `guard_failures` (each sample's
     failure lines, which `view` shows), `guard_step` and `guard_sample` (its row in that step's
     batch); `saved_batch.save_rollout` writes it, so `check` and `view` read it.
@@ -327,7 +328,7 @@ class LiveGuard:
 
     def __call__(self, batch: Any) -> dict[str, float]:
         report = self.last = self.guard.inspect(batch, self.config)
-        if self.samples is not None and not report.ok:
+        if self.samples is not None:  # every batch, so its files are numbered by the guarded step
             self.samples.record(batch, report)
         batch.non_tensor_batch[GUARD_COLUMN] = row_verdicts(report, dropped=self.mode == "drop")
         return apply(batch, report, self.mode)

@@ -105,11 +105,14 @@ def load_agent_class(path: Optional[str] = None) -> type:
 
 
 def _accepts_engine(cls: type) -> bool:
+    """Whether `cls(...)` takes `inference_engine`: by name, or through `**kwargs` (a subclass that
+    passes its arguments on, `__init__(self, *args, **kwargs)`, must not silently build an engine
+    of its own that the sharding manager never syncs)."""
     try:
         params = inspect.signature(cls).parameters
     except (TypeError, ValueError):
         return False
-    return "inference_engine" in params
+    return "inference_engine" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def sampled_logprobs_mode() -> str:

@@ -6,6 +6,9 @@
 - `turns`: a turn's finish and text recovered from verl's token-level answer (pure).
 - `reward`: the project's reward in verl's `compute_score` signature.
 - `local`: verl's worker in this process over a local engine (the check script and the tests).
+- `guard`: the live guard in verl's path: `GuardedAgentLoopWorker` inspects each batch after
+  verl's postprocessing, `GuardedAgentLoopManager` (verl's `agent_loop_manager_class`) spawns such
+  workers and puts the `guard/` counts and per-turn drift into the trainer's metrics.
 - `peer_tools`: verl `BaseTool`s `search` and `fetch` over the project's retriever, for running
   verl's own `tool_agent` loop side by side with `vrag_agent` (scripts/bench_verl.py).
 """

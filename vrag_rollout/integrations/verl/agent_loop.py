@@ -12,7 +12,7 @@ which holds the same driver; only the engine is verl's (`ServerDriver` writes ea
 sampling parameters in verl's server conventions). The output carries the trainer view: prompt and response ids with every image's
 pad run expanded, the loss mask as `response_mask`, the rollout logprobs (0 on observations),
 the images in sequence order as `multi_modal_data["images"]`, and per-episode facts in
-`extra_fields` (`termination_reason`, `page_ids`, `budget_overflow`, ...).
+`extra_fields` (`termination_reason`, `page_ids`, `budget_overflow`, `turn_ids`, ...).
 
 Configuration: the loop's entry in verl's `agent_loop_config_path` file, whose keys besides
 `name` and `_target_` reach `__init__` (hydra): `vrag` (a dict of `AgentRolloutConfig` fields:
@@ -280,6 +280,9 @@ class VragAgentLoop(AgentLoopBase):
                  "retriever_errors": episode.retriever_errors, "bad_requests": episode.bad_requests,
                  "doc_id": episode.doc_id,
                  "image_regions": list(episode.image_regions),
+                 # each response token's turn (from 1; the guard's worker makes it the batch's
+                 # (B, R) `turn_ids` tensor: integrations/verl/guard.py)
+                 "turn_ids": list(episode.turn_ids),
                  # how it was sampled, as the EasyR1 rollout's meta_info says it (verl keeps no
                  # batch-level meta): `vrag-rollout check` reads it from this column
                  "rollout_meta": self.rollout_meta,

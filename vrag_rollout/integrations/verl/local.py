@@ -1,10 +1,12 @@
 """verl's `AgentLoopWorker` in this process, without Ray: what `scripts/check_verl.py` and the tests
 run `vrag_agent` inside.
 
-`local_worker(model_dir, llm, settings)` builds the worker as its Ray actor would be built (the
-attributes `generate_sequences` reads: config, tokenizer and processor from
+`local_worker(model_dir, llm, settings)` builds the worker as its Ray actor would be built: the
+class a job's `GuardedAgentLoopManager` spawns (`guard.GuardedAgentLoopWorker`, verl's worker whose
+postprocessed batches go through the live guard; `worker_class` names another subclass, e.g. the
+check script's fault injection), with the attributes `generate_sequences` reads (config, tokenizer and processor from
 `verl.utils.hf_tokenizer`/`hf_processor`, which bind the family's `get_rope_index`, the dataset
-class, no tools, no reward workers), with a `LocalTokenServer` over `llm` as its server manager and
+class, no tools, no reward workers), and a `LocalTokenServer` over `llm` as its server manager and
 `vrag_agent` registered as an `agent_loop_config_path` entry registers it (its `_target_` plus the
 loop's `vrag` settings). `settings` are `AgentRolloutConfig` fields: the ones verl owns
 (`agent_loop.FROM_VERL`) go to verl's rollout config, the rest to the loop.
@@ -20,14 +22,15 @@ from typing import Any, Sequence
 AGENT_LOOP_TARGET = "vrag_rollout.integrations.verl.agent_loop.VragAgentLoop"
 
 
-def local_worker(model_dir: str, llm: Any, settings: dict) -> Any:
+def local_worker(model_dir: str, llm: Any, settings: dict, worker_class: Any = None) -> Any:
     from omegaconf import OmegaConf
-    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker, _agent_loop_registry
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
     from verl.utils.dataset.rl_dataset import RLHFDataset
     from verl.utils.tokenizer import hf_processor, hf_tokenizer
 
     from ...engine.stand_ins.token_server import LocalTokenServer
     from .agent_loop import AGENT_NAME, FROM_VERL
+    from .guard import GuardedAgentLoopWorker
 
     from ...engine.llm import engine_limits
 
@@ -41,7 +44,7 @@ def local_worker(model_dir: str, llm: Any, settings: dict) -> Any:
         "data": {}})
     vrag = {key: value for key, value in settings.items() if key not in FROM_VERL and key != "n"}
     _agent_loop_registry[AGENT_NAME] = {"_target_": AGENT_LOOP_TARGET, "vrag": vrag}
-    worker = object.__new__(AgentLoopWorker)
+    worker = object.__new__(worker_class or GuardedAgentLoopWorker)
     worker.config, worker.rollout_config = config, config.actor_rollout_ref.rollout
     worker.tokenizer, worker.processor = hf_tokenizer(str(model_dir)), hf_processor(str(model_dir))
     from transformers import AutoConfig

@@ -102,18 +102,34 @@ def check_row_contract(row: Row, prompts: torch.Tensor, eos_ids: set[int], nativ
         bad = first_bad(row.response_mask.long() != real)
         fail(P + bad, "response_mask differs from attention_mask's response part (and is not the loss mask either)")
     used = int(real.sum())
-    tokens = row.responses[:used].tolist()
-    loss = row.loss[:used].long().tolist()
-    for i, token in enumerate(tokens):
-        # In the native tool-call format each assistant turn ends with an EOS and a tool turn
-        # (masked, with end-of-turn tokens of its own) follows it; anything else after an EOS is
-        # a response running past its end.
-        if token in eos_ids and i < used - 1 and not (native and (loss[i] == 0 or loss[i + 1] == 0)):
-            fail(P + i + 1, f"the response runs past its EOS at position {P + i}")
-            break
-    if row.reason in EOS_REASONS and (not tokens or tokens[-1] not in eos_ids):
+    tokens = row.responses[:used]
+    bad = first_eos_overrun(tokens, row.loss[:used].long(), eos_ids, native, used)
+    if bad is not None:
+        fail(P + bad + 1, f"the response runs past its EOS at position {P + bad}")
+    if row.reason in EOS_REASONS and (len(tokens) == 0 or int(tokens[-1]) not in eos_ids):
         fail(P + max(used - 1, 0), f"termination_reason {row.reason!r} but the last response token is not an EOS")
     return fails
+
+
+def eos_flags(tokens: torch.Tensor, eos_ids: set[int]) -> torch.Tensor:
+    """Per token, whether it is one of `eos_ids` (one tensor op, not a Python loop per token)."""
+    return torch.isin(tokens, torch.tensor(sorted(eos_ids), dtype=tokens.dtype))
+
+
+def first_eos_overrun(tokens: torch.Tensor, loss: torch.Tensor, eos_ids: set[int], native: bool,
+                      used: int) -> Optional[int]:
+    """The first EOS with a response token after it, among the `used` real `tokens` (`loss`:
+    their loss mask as integers), or None. In the native tool-call format each assistant turn ends with an
+    EOS and a tool turn (masked, with end-of-turn tokens of its own) follows it, so an EOS that
+    is masked, or followed by a masked token, is not an overrun; anything else after an EOS is a
+    response running past its end."""
+    # Candidates: positions before the last real one (the last has nothing after it).
+    overrun = eos_flags(tokens, eos_ids)[:max(used - 1, 0)]
+    if native:
+        count = len(overrun)
+        following = torch.cat([loss[1:], loss.new_ones(1)])  # past the row: no masked token follows
+        overrun = overrun & (loss[:count] != 0) & (following[:count] != 0)
+    return first_bad(overrun)
 
 
 def check_padded_rows(row: Row, tokenizer_size: int) -> list[Failure]:

@@ -43,39 +43,47 @@ def trainer_rescale(image: Image.Image, min_pixels: Optional[int], max_pixels: O
 
 def vision_blocks(row: Row, oracle: ModelOracle) -> tuple[list[tuple[int, int]], list[Failure]]:
     """Pad runs [start, end) of well-formed vision blocks over the attended tokens; failures for
-    everything else (stray starts/ends/pads, video tokens, vision tokens in padding)."""
-    s, ids, attended = row.index, row.ids.tolist(), row.attention.tolist()
-    fails, blocks, i = [], [], 0
-    inside: set[int] = set()
-    while i < len(ids):
-        if attended[i] and ids[i] == oracle.vision_start:
-            j = i + 1
-            while j < len(ids) and ids[j] == oracle.image_pad and attended[j]:
-                j += 1
-            if j > i + 1 and j < len(ids) and ids[j] == oracle.vision_end and attended[j]:
-                blocks.append((i + 1, j))
-                inside.update(range(i, j + 1))
-                i = j + 1
-                continue
+    everything else (stray starts/ends/pads, video tokens, vision tokens in padding).
+
+    Every attended vision start opens a block (a block's own tokens are never starts); its pad
+    run ends at the first token that is not an attended image pad. The scans over the row are
+    tensor ops; Python loops only over the (few) starts and stray tokens."""
+    s, ids = row.index, row.ids
+    attended = row.attention != 0
+    length = len(ids)
+    starts = ((ids == oracle.vision_start) & attended).nonzero().flatten().tolist()
+    # Positions that end a pad run: anything but an attended image pad (and the row's end).
+    run_ends = torch.cat([(~((ids == oracle.image_pad) & attended)).nonzero().flatten(), torch.tensor([length])])
+    after = run_ends[torch.searchsorted(run_ends, torch.tensor(starts, dtype=run_ends.dtype) + 1)].tolist()
+    fails, blocks = [], []
+    inside = torch.zeros(length + 1, dtype=torch.long)  # +1 where a block's span opens, -1 past it
+    for i, j in zip(starts, after):
+        closed = j > i + 1 and j < length and int(ids[j]) == oracle.vision_end and bool(attended[j])
+        if closed:
+            blocks.append((i + 1, j))
+        else:
             what = "image pads then" if j > i + 1 else "an image pad and"
             fails.append(Failure("image_tokens", s, j, f"vision start at {i} is not followed by {what} a vision end "
-                                 f"(found token {ids[j] if j < len(ids) else 'end'})"))
-            inside.update(range(i, j))
-            i = j
-            continue
-        i += 1
-    for p, token in enumerate(ids):
-        if token in oracle.vision_ids and p not in inside:
-            kind = "video token (videos are not supported)" if token == oracle.video_pad else "stray vision token"
-            where = "" if attended[p] else " in padding"
-            fails.append(Failure("image_tokens", s, p, f"{kind} {token}{where}"))
+                                 f"(found token {int(ids[j]) if j < length else 'end'})"))
+        inside[i] += 1
+        inside[j + 1 if closed else j] -= 1  # a closed block spans its end token too
+    inside = inside.cumsum(0)[:length] > 0
+    vision = torch.isin(ids, torch.tensor(sorted(oracle.vision_ids), dtype=ids.dtype))
+    for p in (vision & ~inside).nonzero().flatten().tolist():
+        token = int(ids[p])
+        kind = "video token (videos are not supported)" if token == oracle.video_pad else "stray vision token"
+        where = "" if attended[p] else " in padding"
+        fails.append(Failure("image_tokens", s, p, f"{kind} {token}{where}"))
     return blocks, fails
 
 
 def vision_in_loss(row: Row, oracle: ModelOracle) -> list[Failure]:
     """A vision token in the loss mask: sampled by the policy, or trained on."""
+    P = row.prompt_len
+    vision = torch.isin(row.ids[P:], torch.tensor(sorted(oracle.vision_ids), dtype=row.ids.dtype))
+    flagged = (vision & (row.loss != 0)).nonzero().flatten()  # response positions, in order
     return [Failure("image_tokens", row.index, p, "vision token in the loss mask (sampled or trained on)")
-            for p in (row.loss.nonzero().flatten() + row.prompt_len).tolist() if int(row.ids[p]) in oracle.vision_ids]
+            for p in (flagged + row.prompt_len).tolist()]
 
 
 def check_images(row: Row, saved: SavedBatch,

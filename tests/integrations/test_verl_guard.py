@@ -1,0 +1,195 @@
+"""The live guard in verl's worker path (`integrations/verl/guard.py`): verl 0.9.1's
+`AgentLoopWorker` (built without Ray by `local.py`, as the guard's `GuardedAgentLoopWorker`) rolls
+out `vrag_agent` once on the tiny model's CPU engine (demo grammar, replayed retrieval, n=2);
+verl's `_postprocess` builds the batch and the guard inspects it. The six defects of
+tests/verify/test_guard.py are planted by `scripts/check_verl.py`'s `PlantingWorker` into verl's
+batch between its postprocessing and the guard, each into a fresh batch of the same trajectories
+(verl's postprocessing replayed; no second engine run):
+- the clean batch has no bad sample and nothing dropped;
+- each defect: exactly the planted sample is bad, `drop` zeroes its mask and no other row's, and
+  its rows are saved where `vrag-rollout check` reads them and fails them;
+- `fail`: the worker raises `GuardFailure` naming the planted sample (the step stops);
+- the counts and the per-turn drift reach the trainer's metrics through verl's own
+  `ray_trainer.compute_data_metrics` and `debug.metrics.calculate_debug_metrics`, the drift from
+  the actor's log-probs of the batch. verl's actor needs a GPU build here, so those log-probs
+  come from the same HF forward `training/grpo.response_log_probs` computes (the family's
+  model, the batch's images through its processor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib.util
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("hydra", reason="verl's agent loop needs hydra-core (the test extra)")
+
+from tests.conftest import SAMPLE_RETRIEVAL  # noqa: E402
+from tests.integrations.test_verl_agent_loop import REPO  # noqa: E402
+from tests.rollout.agent_helpers import sample_prompts  # noqa: E402
+from vrag_rollout.devkit.demo import demo_config, demo_page_band  # noqa: E402
+from vrag_rollout.integrations.verl.local import local_worker, prompt_rows  # noqa: E402
+from vrag_rollout.verify.drift import batch_drift  # noqa: E402
+from vrag_rollout.verify.guard import GUARD_COLUMN, GuardFailure, column_metrics  # noqa: E402
+
+N = 2
+
+
+def load_check_script():
+    spec = importlib.util.spec_from_file_location("check_verl", REPO / "scripts" / "check_verl.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SCRIPT = load_check_script()
+
+
+def settings(processor, samples_dir, mode: str) -> dict:
+    config = demo_config(**demo_page_band(processor), action_format="tags", n=1, retriever_fixtures=str(SAMPLE_RETRIEVAL),
+                         guard=mode, guard_positions_fraction=1.0, guard_samples_dir=str(samples_dir))
+    return {k: v for k, v in dataclasses.asdict(config).items() if v is not None}
+
+
+@pytest.fixture(scope="module")
+def rolled(tiny_model_dir, tiny_processor, tiny_llm, tmp_path_factory):
+    """One rollout through the guarded worker (drop); its clean batch and the worker."""
+    samples_dir = tmp_path_factory.mktemp("guard_bad_samples")
+    worker = local_worker(tiny_model_dir, tiny_llm, settings(tiny_processor, samples_dir, "drop"),
+                          SCRIPT.planting_worker_class())
+    batch = asyncio.run(worker.generate_sequences(prompt_rows(sample_prompts(4, with_images=False), "tags", n=N)))
+    return SimpleNamespace(worker=worker, batch=batch, samples_dir=samples_dir)
+
+
+def test_the_clean_batch_has_no_bad_sample(rolled):
+    batch = rolled.batch
+    assert column_metrics(batch.non_tensor_batch[GUARD_COLUMN]) == {
+        "guard/bad": 0.0, "guard/checked": float(len(batch)), "guard/dropped": 0.0}
+    assert rolled.worker.live_guard().last.positions_checked == list(range(len(batch)))  # mrope on every sample
+    assert all(batch.batch["response_mask"][row].any() for row in range(len(batch)))
+    # the loop's turn ids became verl's (B, R) tensor: 0 exactly on padding, turn 1 first
+    turn_ids, P = batch.batch["turn_ids"], batch.batch["prompts"].shape[1]
+    assert torch.equal(turn_ids > 0, batch.batch["attention_mask"][:, P:].bool())
+    assert (turn_ids[:, 0] == 1).all() and "turn_ids" not in batch.non_tensor_batch
+    assert not list(rolled.samples_dir.iterdir())
+
+
+@pytest.mark.parametrize("plant", list(SCRIPT.PLANTS))
+def test_each_planted_defect_is_caught_and_dropped_alone(plant, rolled, tiny_model_dir):
+    from vrag_rollout.verify.check import run_check
+    from vrag_rollout.verify.saved_batch import load_rollout
+
+    worker = rolled.worker
+    saved_before = list(worker.live_guard().samples.paths)
+    out = worker.replay(plant)
+    planted, before = worker.planted, worker.before_guard
+    verdicts = out.non_tensor_batch[GUARD_COLUMN]
+    assert [row for row, verdict in enumerate(verdicts) if verdict["bad"]] == [planted], worker.live_guard().last.lines()
+    assert before[planted].any() and not out.batch["response_mask"][planted].any()
+    others = [row for row in range(len(out)) if row != planted]
+    assert torch.equal(out.batch["response_mask"][others], before[others])
+    counts = column_metrics(verdicts)
+    assert counts["guard/bad"] == counts["guard/dropped"] == 1.0 and counts["guard/checked"] == len(out)
+    # the planted row as it came out of verl, saved where `check` (and `view`) read it, with its failures
+    (path,) = [p for p in worker.live_guard().samples.paths if p not in saved_before]
+    saved = load_rollout(path)
+    assert len(saved) == 1 and saved.columns["guard_failures"][0]
+    report = run_check(path, tiny_model_dir)
+    if plant == "duplicated_group":  # one sample of the group saved: no group left to compare
+        assert report.ok
+    else:
+        assert {f.sample for f in report.failures} == {0}, report.human()
+
+
+def test_fail_stops_the_step_at_the_planted_sample(rolled, tiny_model_dir, tiny_processor, tiny_llm, tmp_path):
+    failing = local_worker(tiny_model_dir, tiny_llm, settings(tiny_processor, tmp_path, "fail"),
+                           SCRIPT.planting_worker_class())
+    failing.recorded = rolled.worker.recorded  # the same trajectories, through a worker set to fail
+    for plant in SCRIPT.PLANTS:
+        with pytest.raises(GuardFailure, match=r"guard: 1 of \d+ samples fail the batch checks") as stopped:
+            failing.replay(plant)
+        assert f"sample {failing.planted}" in str(stopped.value), plant
+    clean = failing.replay(None)  # the control: the clean batch passes a failing guard
+    assert column_metrics(clean.non_tensor_batch[GUARD_COLUMN])["guard/bad"] == 0
+
+
+def test_counts_and_drift_reach_the_trainers_metrics(rolled, tiny_model_dir, tiny_processor):
+    """As verl's RayPPOTrainer.fit does after the manager's concat and its balance_batch reorder:
+    `calculate_debug_metrics` right after the actor's log-probs, `compute_data_metrics` at the end."""
+    import verl.trainer.ppo.ray_trainer as ray_trainer
+    import verl.utils.debug.metrics as debug_metrics
+    from transformers import AutoModelForImageTextToText
+    from verl.protocol import DataProto
+
+    from vrag_rollout.integrations.verl.guard import install_trainer_metrics
+    from vrag_rollout.training.grpo import response_log_probs
+
+    install_trainer_metrics()
+    install_trainer_metrics()  # idempotent: one wrapper each
+    assert not hasattr(ray_trainer.compute_data_metrics.__wrapped__, "__wrapped__")
+    dropped = rolled.worker.replay("observation_in_loss")
+    planted = rolled.worker.planted
+    half = len(dropped) // 2
+    batch = DataProto.concat([dropped[:half], dropped[half:]])  # two workers' chunks
+    order = torch.arange(len(batch)).flip(0)
+    batch.reorder(order)  # balance_batch
+    # the actor's log-probs of the batch: the HF forward training/grpo uses (verl's actor needs a GPU here)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    view = SimpleNamespace(batch={**dict(batch.batch.items()), "loss_mask": batch.batch["response_mask"]},
+                           non_tensor_batch=batch.non_tensor_batch, meta_info={})
+    with torch.no_grad():
+        batch.batch["old_log_probs"] = response_log_probs(model, tiny_processor, view, 1.0)
+
+    # sampled under the demo grammar, as each row's rollout_meta records: no drift (constrained logprobs)
+    assert not any(key.startswith("guard/drift") for key in debug_metrics.calculate_debug_metrics(batch))
+    # as if sampled freely (the record cleared), for the drift's wiring and arithmetic
+    batch.non_tensor_batch["rollout_meta"] = np.array([{**meta, "action_grammar": False}
+                                                       for meta in batch.non_tensor_batch["rollout_meta"]], dtype=object)
+    debug = debug_metrics.calculate_debug_metrics(batch)  # as fit calls it after the old log-probs
+    assert "training/rollout_probs_diff_max" in debug  # verl's own metrics are kept
+    drift = batch_drift(batch, batch.batch["old_log_probs"], "response_mask")
+    assert {k: v for k, v in debug.items() if k.startswith("guard/drift/")} == drift.metrics()
+    turns = sorted({int(t) for t in batch.batch["turn_ids"][batch.batch["response_mask"].bool()].tolist()})
+    assert drift.turns == turns and len(turns) > 1 and all(np.isfinite(list(drift.mean.values())))
+    compared = int((batch.batch["response_mask"].bool() & (batch.batch["turn_ids"] > 0)).sum())
+    assert sum(drift.tokens.values()) == compared  # the dropped sample's tokens are not compared
+    assert int(order.tolist().index(planted)) not in {s for s, _, _ in drift.worst}
+
+    R = batch.batch["responses"].shape[1]
+    for key in ("token_level_scores", "token_level_rewards", "advantages", "returns"):  # the step's own fields
+        batch.batch[key] = torch.zeros(len(batch), R)
+    data = ray_trainer.compute_data_metrics(batch=batch, use_critic=False)
+    assert "response_length/mean" in data  # verl's own
+    assert {k: v for k, v in data.items() if k.startswith("guard/")} == {
+        "guard/bad": 1.0, "guard/bad/observations": 1.0, "guard/bad/turns": 1.0, "guard/checked": float(len(batch)),
+        "guard/dropped": 1.0}
+
+
+def test_the_manager_refuses_verls_v1_trainer():
+    from omegaconf import OmegaConf
+
+    from vrag_rollout.integrations.verl.guard import GuardedAgentLoopManager
+
+    with pytest.raises(ValueError, match="trainer.use_v1=False"):
+        GuardedAgentLoopManager(OmegaConf.create({"trainer": {"use_v1": True}}), llm_client=None)
+
+
+@pytest.mark.parametrize("script", sorted((REPO / "examples" / "verl").glob("grpo_*.sh")), ids=lambda p: p.stem)
+def test_the_example_jobs_run_the_guard(script, tmp_path):
+    """The jobs select the guarded manager and verl's synchronous trainer; their loop sets `guard: drop`."""
+    from omegaconf import OmegaConf
+
+    from tests.integrations.test_verl_examples import overrides
+    from vrag_rollout.integrations.verl.guard import MANAGER_CLASS
+
+    found = overrides(script, tmp_path)
+    assert f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER_CLASS}" in found
+    assert "trainer.use_v1=False" in found
+    path = next(o.split("=", 1)[1] for o in found if "agent_loop_config_path=" in o)
+    (entry,) = [e for e in OmegaConf.to_container(OmegaConf.load(REPO / path)) if e["name"] == "vrag_agent"]
+    assert entry["vrag"]["guard"] == "drop"

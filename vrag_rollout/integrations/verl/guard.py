@@ -1,0 +1,219 @@
+"""The live guard (`verify/guard.py`) in verl 0.9.1's training path: every batch `vrag_agent` rolls
+out is inspected before the trainer sees it, and the step's `guard/` metrics (per-turn drift
+included) go to verl's logger.
+
+Where, and why there:
+- **The guard runs in the agent-loop worker, right after verl's own `_postprocess`**
+  (`GuardedAgentLoopWorker._postprocess`). That is the first place the batch verl trains on is
+  complete: padded rows, `response_mask`, `rollout_log_probs` and the positions verl computed
+  with the family's `get_rope_index` (`_agent_loop_postprocess`), which is what the mrope check
+  must see. It is also a process that already imports our loop (the registry instantiates
+  `vrag_agent` there), and it holds the trajectories' images as PIL (`multi_modal_data`), so
+  nothing is encoded or shipped for the check. Each worker guards its own chunk: the GRPO-group
+  check sees the copies of a prompt that landed in that worker (verl's manager splits a step
+  into contiguous chunks, so groups are split only at chunk edges). Validation batches are not
+  guarded (nothing trains on them).
+- **The worker class is chosen with verl's own extension point**:
+  `actor_rollout_ref.rollout.agent.agent_loop_manager_class=<this module>.GuardedAgentLoopManager`
+  (a `+key` override; verl's `AgentLoopConfig` has the field, its YAML does not). The trainer
+  imports the class in its driver process, so no entry module of ours is needed: the examples
+  still start `python -m verl.trainer.main_ppo`. The manager spawns `GuardedAgentLoopWorker`s and
+  tells each its index (the `rank` its bad-sample files carry).
+- **Metrics reach verl's logger through the driver's own metric functions.** A worker's
+  `meta_info` does not survive the manager's concatenation (it keeps the first worker's), so each
+  row carries its verdict in the `GUARD_COLUMN` object column, which survives verl's concat,
+  union and `balance_batch` reordering. When the manager is built, `install_trainer_metrics()`
+  wraps two module-level functions of verl's synchronous `RayPPOTrainer.fit` (process-local,
+  idempotent): `ray_trainer.compute_data_metrics`, whose result is merged into the step's
+  metrics, gains the step's counts (`guard/checked`, `guard/bad`, `guard/dropped`,
+  `guard/bad/<check>`: `column_metrics` of the column); `verl.utils.debug.metrics.
+  calculate_debug_metrics`, which `fit` calls right after it recomputed the actor's log-probs
+  (`old_log_probs`) of a batch that has `rollout_log_probs`, gains the per-turn drift
+  (`guard/drift/turn_K/mean|max`, `guard/drift/max`, `guard/drift/worst_turn`: `drift.batch_drift`
+  over `response_mask`, so dropped samples are left out) and prints the worst sample-turns. Under
+  `rollout_correction.bypass_mode` verl does not recompute log-probs and no drift is reported.
+- **Turn ids**: the loop returns each token's turn in `extra_fields["turn_ids"]`; the worker turns
+  that column into a `(B, R)` `turn_ids` tensor (0 on padding) before the guard runs, so the
+  guard checks it against the loss mask and the driver's drift reads it.
+
+Settings: the `guard*` fields of the loop's `vrag` entry (`AgentRolloutConfig`: `guard: fail |
+drop | warn | off`, default `drop`; `guard_positions_fraction`; `guard_samples_dir`, relative to
+the worker's working directory: give an absolute path on a cluster; `guard_samples_limit`), the
+model being the entry's `model_path` or `actor_rollout_ref.model.path`. `fail` raises
+`GuardFailure` in the worker, which stops the step. A batch with rows of another agent loop is
+not guarded (its rows are not in our action format); the worker says so once.
+
+Not covered: verl 0.9.1's default `trainer.use_v1=true` trainer (TransferQueue: each trajectory is
+stored unpadded as it finishes and no worker ever holds the batch), which the manager refuses with
+the setting to use; the examples set `trainer.use_v1=False`. The fully asynchronous trainer's
+rollouter has workers of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import torch
+from verl.experimental.agent_loop.agent_loop import AgentLoopManager, AgentLoopWorker, _agent_loop_registry
+
+from ...config import AgentRolloutConfig
+from ...verify.drift import batch_drift
+from ...verify.guard import GUARD_COLUMN, LiveGuard, column_metrics
+from .agent_loop import AGENT_NAME, agent_config
+
+logger = logging.getLogger(__name__)
+MANAGER_CLASS = "vrag_rollout.integrations.verl.guard.GuardedAgentLoopManager"
+TURN_IDS = "turn_ids"  # the loop's extra_fields entry and the batch tensor made of it
+_UNBUILT = object()
+
+
+def guard_config(trainer_config: Any) -> tuple[str, AgentRolloutConfig]:
+    """The model dir and the rollout config (its `guard*` fields) of `vrag_agent`'s registry entry,
+    as the loop itself reads them (`agent_config`)."""
+    entry = _agent_loop_registry.get(AGENT_NAME)
+    if entry is None:
+        raise ValueError(f"{AGENT_NAME} is not in verl's agent-loop registry: set "
+                         "actor_rollout_ref.rollout.agent.agent_loop_config_path")
+    get = entry.get if hasattr(entry, "get") else (lambda key, default=None: default)
+    vrag = get("vrag") or {}
+    if not isinstance(vrag, dict):
+        from omegaconf import OmegaConf
+
+        vrag = OmegaConf.to_container(vrag, resolve=True)
+    model_path = get("model_path") or str(trainer_config.actor_rollout_ref.model.path)
+    return str(model_path), AgentRolloutConfig(**agent_config(trainer_config.actor_rollout_ref.rollout, dict(vrag)))
+
+
+def attach_turn_ids(batch: Any) -> bool:
+    """The loop's per-row `turn_ids` lists as a `(B, R)` tensor (right-padded with 0, as verl pads
+    responses); the column is removed. False (nothing attached) when some row has none."""
+    column = batch.non_tensor_batch.pop(TURN_IDS, None)
+    if column is None or any(row is None for row in column):
+        return False
+    width = batch.batch["responses"].shape[1]
+    turn_ids = torch.zeros((len(column), width), dtype=torch.long)
+    for row, ids in enumerate(column):
+        turn_ids[row, : len(ids)] = torch.as_tensor(list(ids)[:width], dtype=torch.long)
+    batch.batch[TURN_IDS] = turn_ids
+    return True
+
+
+class GuardedAgentLoopWorker(AgentLoopWorker):
+    """verl's worker whose postprocessed batches go through the live guard (module docstring)."""
+
+    guard_rank = 0
+    _live: Any = _UNBUILT
+    _warned_mixed = False
+
+    def set_guard_rank(self, rank: int) -> None:
+        """This worker's index among the manager's (its bad-sample files' `.rankR`)."""
+        self.guard_rank, self._live = int(rank), _UNBUILT
+
+    def live_guard(self) -> Optional[LiveGuard]:
+        if self._live is _UNBUILT:  # built on first use: the registry is filled in __init__
+            model_path, config = guard_config(self.config)
+            self._live = LiveGuard.from_config(model_path, config, rank=self.guard_rank, processor=self.processor)
+        return self._live
+
+    def _postprocess(self, inputs: list, input_non_tensor_batch: Optional[dict] = None, validate: bool = False) -> Any:
+        batch = super()._postprocess(inputs, input_non_tensor_batch=input_non_tensor_batch, validate=validate)
+        attach_turn_ids(batch)
+        if not validate:
+            self.guard_batch(batch)
+        return batch
+
+    def guard_batch(self, batch: Any) -> dict[str, float]:
+        """Inspect and act on `batch` in place (`LiveGuard`); the step's `guard/` metrics."""
+        live = self.live_guard()
+        if live is None:
+            return {}
+        names = batch.non_tensor_batch.get("agent_name")
+        if names is not None and any(name != AGENT_NAME for name in names):
+            if not self._warned_mixed:
+                logger.warning("guard: a batch with rows of other agent loops is not guarded")
+                self._warned_mixed = True
+            return {}
+        metrics = live(batch)
+        report = live.last
+        if report is not None and not report.ok:
+            logger.warning("guard (%s): %d of %d samples bad, %s: %s", live.mode, len(report.failures), report.samples,
+                           "dropped" if live.mode == "drop" else "kept", " | ".join(report.lines(3)))
+        return metrics
+
+
+class GuardedAgentLoopManager(AgentLoopManager):
+    """verl's agent-loop manager with `GuardedAgentLoopWorker`s; installs the driver's metric hooks."""
+
+    def __init__(self, config: Any, *args: Any, **kwargs: Any):
+        if config.trainer.get("use_v1", False):
+            raise ValueError("GuardedAgentLoopManager guards verl's synchronous trainer (trainer.use_v1=False): verl "
+                             "0.9.1's v1 trainer stores each trajectory in its TransferQueue and never builds the "
+                             "batch in a worker. Set trainer.use_v1=False, or drop agent_loop_manager_class")
+        import ray
+
+        self.agent_loop_workers_class = ray.remote(GuardedAgentLoopWorker)
+        super().__init__(config, *args, **kwargs)
+        install_trainer_metrics()
+
+    async def _init_agent_loop_workers(self) -> None:
+        import asyncio
+
+        await super()._init_agent_loop_workers()
+        await asyncio.gather(*[worker.set_guard_rank.remote(rank) for rank, worker in enumerate(self.agent_loop_workers)])
+
+
+# ---- the driver's side: metrics into the step's dict ----
+def guard_counts(batch: Any) -> dict[str, float]:
+    """The step's `guard/` counts from the batch's `GUARD_COLUMN` (none when it has none)."""
+    column = (batch.non_tensor_batch or {}).get(GUARD_COLUMN)
+    return column_metrics(column) if column is not None else {}
+
+
+def drift_metrics(batch: Any, print_worst: bool = True) -> dict[str, float]:
+    """Per-turn drift of the batch's `old_log_probs` (verl's actor) against its `rollout_log_probs`."""
+    if "old_log_probs" not in batch.batch.keys():
+        return {}
+    drift = batch_drift(batch, batch.batch["old_log_probs"], "response_mask")
+    if drift is None:
+        return {}
+    if print_worst and drift.worst:
+        uids = (batch.non_tensor_batch or {}).get("uid")
+        worst = ", ".join(f"sample {s}{f' (uid {uids[s]})' if uids is not None else ''} turn {t}: {gap:.2e}"
+                          for s, t, gap in drift.worst)
+        print(f"guard drift: max {max(drift.max.values()):.2e}; worst sample-turns {worst}")
+    return drift.metrics()
+
+
+def _with_guard_counts(compute_data_metrics: Any) -> Any:
+    def wrapped(batch: Any, *args: Any, **kwargs: Any) -> dict:
+        return {**compute_data_metrics(batch, *args, **kwargs), **guard_counts(batch)}
+
+    wrapped.vrag_guard = True
+    wrapped.__wrapped__ = compute_data_metrics
+    return wrapped
+
+
+def _with_drift(calculate_debug_metrics: Any) -> Any:
+    def wrapped(data: Any, *args: Any, **kwargs: Any) -> dict:
+        return {**calculate_debug_metrics(data, *args, **kwargs), **drift_metrics(data)}
+
+    wrapped.vrag_guard = True
+    wrapped.__wrapped__ = calculate_debug_metrics
+    return wrapped
+
+
+def install_trainer_metrics() -> None:
+    """Wrap verl's `ray_trainer.compute_data_metrics` and `debug.metrics.calculate_debug_metrics`
+    (module docstring); a second call changes nothing."""
+    import verl.trainer.ppo.ray_trainer as ray_trainer
+    import verl.utils.debug.metrics as debug_metrics
+
+    if not getattr(ray_trainer.compute_data_metrics, "vrag_guard", False):
+        ray_trainer.compute_data_metrics = _with_guard_counts(ray_trainer.compute_data_metrics)
+    if not getattr(debug_metrics.calculate_debug_metrics, "vrag_guard", False):
+        debug_metrics.calculate_debug_metrics = _with_drift(debug_metrics.calculate_debug_metrics)
+
+
+__all__ = ["GuardedAgentLoopManager", "GuardedAgentLoopWorker", "MANAGER_CLASS", "attach_turn_ids", "drift_metrics",
+           "guard_config", "guard_counts", "install_trainer_metrics"]
