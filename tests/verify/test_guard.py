@@ -139,6 +139,8 @@ def test_row_verdicts_survive_a_split_and_sum_back_to_the_report(saved, guard, g
     assert summed["guard/bad"] == summed["guard/dropped"] == metrics["guard/dropped"] == len(rows)
     assert {name: value for name, value in summed.items() if name.startswith("guard/bad/")} == \
         {name: value for name, value in metrics.items() if name.startswith("guard/bad/")}
+    assert {name: value for name, value in summed.items() if name.startswith("guard/dropped/")} == \
+        {name: value for name, value in metrics.items() if name.startswith("guard/dropped/")} != {}
     assert [s for s in range(len(saved)) if column[s]["bad"]] == rows
 
 
@@ -171,3 +173,23 @@ def test_the_first_bad_samples_are_saved_where_check_and_view_read_them(saved, g
     plant("vision_token_sampled", again, tiny_processor, set())
     live(again)  # bad again, but the limit is reached: nothing more is written
     assert not live.last.ok and len(log.paths) == 1 and log.saved == 1
+
+
+@pytest.mark.parametrize("family", ["qwen2-vl", "qwen2.5-vl", "qwen3-vl"])
+def test_positions_grids_from_sizes_are_the_processors(family, monkeypatch):
+    """The mrope comparison's grids come from the images' sizes (the processor's own resize rule),
+    never from running the processor, and equal what the processor makes of the pixels."""
+    from PIL import Image
+
+    from vrag_rollout.devkit.tiny_model import build_tiny_model, default_model_dir
+    from vrag_rollout.verify.check.images import trainer_rescale
+
+    guard = Guard(build_tiny_model(default_model_dir(family), family))
+    images = [Image.new("RGB", size) for size in [(784, 1008), (200, 180), (37, 1200), (3000, 2000), (64, 64)]]
+    for band in ({}, {"trainer_min_pixels": 200704, "trainer_max_pixels": 401408}):
+        views = [trainer_rescale(image, band.get("trainer_min_pixels"), band.get("trainer_max_pixels"))
+                 for image in images]
+        expected = guard.oracle.expand_images(views)[1]
+        with monkeypatch.context() as patched:
+            patched.setattr(guard.oracle, "expand_images", lambda *a: pytest.fail("the processor ran"))
+            assert torch.equal(guard._grids(images, band), expected), band

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import io
 import random
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,9 +118,7 @@ class Guard:
             fails += observations(row, oracle)
             fails += check_turns(row, turn_ids[s] if turn_ids is not None else None)
             if s in compare_positions and not fails:
-                views = [trainer_rescale(image, view.pixel_band.get("trainer_min_pixels"),
-                                         view.pixel_band.get("trainer_max_pixels")) for image in images[s]]
-                fails += check_positions(row, oracle.expand_images(views)[1], oracle)
+                fails += check_positions(row, self._grids(images[s], view.pixel_band), oracle)
             if fails:
                 found[s] = fails
         group_fails, _ = check_groups(view)
@@ -127,6 +126,36 @@ class Guard:
             found.setdefault(failure.sample, []).append(failure)
         report.failures = dict(sorted(found.items()))
         return report
+
+    def _grids(self, images: list, band: Mapping) -> Optional[torch.Tensor]:
+        """`image_grid_thw` of the sample's images as the trainer processes them, from their sizes
+        alone: the trainer's pixel rule, then the image processor's own resize rule (`smart_resize`
+        of its module, with its patch and merge sizes and pixel limits), checked against its own
+        patch count. Running the processor on the pixels gives the same grids at a hundred times
+        the cost; it is the fallback for a processor without that rule."""
+        if not images:
+            return None
+        processor = self.oracle.processor.image_processor
+        resize = getattr(sys.modules.get(type(processor).__module__), "smart_resize", None)
+        size = getattr(processor, "size", None)
+        shortest, longest = (getattr(size, "shortest_edge", None), getattr(size, "longest_edge", None)) if size else (None, None)
+        patch = getattr(processor, "patch_size", None)
+        grids = []
+        for image in images:
+            width, height = rescaled_size(image.width, image.height, band.get("trainer_min_pixels"),
+                                          band.get("trainer_max_pixels"))
+            if resize is None or not (shortest and longest and patch):
+                break
+            rows, cols = resize(height, width, factor=patch * self._merge, min_pixels=shortest, max_pixels=longest)
+            grid = (1, rows // patch, cols // patch)
+            if grid[1] * grid[2] != processor.get_number_of_image_patches(height, width):
+                break  # the processor's rule is not the one read here: ask the processor
+            grids.append(grid)
+        else:
+            return torch.tensor(grids, dtype=torch.long)
+        views = [trainer_rescale(image, band.get("trainer_min_pixels"), band.get("trainer_max_pixels"))
+                 for image in images]
+        return self.oracle.expand_images(views)[1]
 
     def _image_runs(self, row: Any, blocks: list[tuple[int, int]], images: list, band: Mapping) -> list[Failure]:
         """One pad run per image, each as long as the image processor's count for its size; no
@@ -222,18 +251,23 @@ def apply(batch: Any, report: GuardReport, mode: str) -> dict[str, float]:
     for name in _MASKS:
         if name in batch.batch.keys():
             batch.batch[name][bad] = 0
-    return {**metrics, "guard/dropped": float(len(bad))}
+    by_check = {f"guard/dropped/{check}": float(count) for check, count in sorted(report.by_check().items())}
+    return {**metrics, "guard/dropped": float(len(bad)), **by_check}
 
 
 def row_verdicts(report: GuardReport, dropped: bool) -> np.ndarray:
-    """Per sample, its verdict as numbers (`checked` 1, `bad` and `dropped` 0/1, `bad/<check>` 0/1),
+    """Per sample, its verdict as numbers (`checked` 1, `bad` and `dropped` 0/1, `bad/<check>` and,
+    when dropped, `dropped/<check>` 1 for each check it fails),
     an object column: a trainer that splits and concatenates the batch keeps each row's own, and
     `column_metrics` sums them back into the step's counts."""
     column = np.empty(report.samples, dtype=object)
     for s in range(report.samples):
         fails = report.failures.get(s)
         verdict = {"checked": 1.0, "bad": float(bool(fails)), "dropped": float(bool(fails) and dropped)}
-        verdict.update({f"bad/{check}": 1.0 for check in sorted({f.check for f in fails or ()})})
+        for check in sorted({f.check for f in fails or ()}):
+            verdict[f"bad/{check}"] = 1.0
+            if dropped:
+                verdict[f"dropped/{check}"] = 1.0
         column[s] = verdict
     return column
 
