@@ -193,3 +193,46 @@ def test_positions_grids_from_sizes_are_the_processors(family, monkeypatch):
         with monkeypatch.context() as patched:
             patched.setattr(guard.oracle, "expand_images", lambda *a: pytest.fail("the processor ran"))
             assert torch.equal(guard._grids(images, band), expected), band
+
+
+@pytest.fixture(scope="module")
+def hf_model(grammar_rollout):
+    from transformers import AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText.from_pretrained(grammar_rollout.model_dir, dtype=torch.float32).eval()
+
+
+def actor_forward(hf_model, processor, batch, row):
+    """The trainer's forward pass of one sample: its attended tokens, its images through the processor."""
+    ids = batch.batch["input_ids"][row][batch.batch["attention_mask"][row].bool()]
+    images = list(batch.non_tensor_batch["multi_modal_data"][row]["images"])
+    inputs = {"input_ids": ids[None], "attention_mask": torch.ones_like(ids)[None],
+              "mm_token_type_ids": (ids == token_of(processor, "<|image_pad|>")).int()[None]}
+    if images:
+        inputs.update(processor.image_processor(images=images, return_tensors="pt"))
+    with torch.no_grad():
+        return hf_model(**inputs).logits
+
+
+def token_of(processor, name):
+    return processor.tokenizer.convert_tokens_to_ids(name)
+
+
+@pytest.mark.parametrize("name", ["image_pads_cut", "vision_token_sampled"])
+def test_drop_empties_a_sample_the_trainers_forward_could_not_take(name, saved, guard, grammar_rollout,
+                                                                    tiny_processor, hf_model):
+    """A zeroed mask does not keep a sample out of the actor's forward, which raises for the whole
+    batch when a sample's image pads and images disagree: drop empties that sample's response."""
+    from vrag_rollout.verify.guard import LiveGuard
+
+    batch = trainer_batch(saved)
+    row = plant(name, batch, tiny_processor, set())
+    with pytest.raises(ValueError, match="Image features and image tokens do not match"):
+        actor_forward(hf_model, tiny_processor, batch, row)
+    metrics = LiveGuard(guard, "drop", config=grammar_rollout.config)(batch)
+    from vrag_rollout.verify.guard import GUARD_COLUMN, column_metrics
+
+    assert column_metrics(batch.non_tensor_batch[GUARD_COLUMN])["guard/emptied"] == 1
+    assert metrics["guard/emptied"] == 1 and int(batch.batch["attention_mask"][row, batch.batch["prompts"].shape[1]:].sum()) == 0
+    actor_forward(hf_model, tiny_processor, batch, row)  # goes through now
+    assert all(f.check != "image_tokens" for f in guard.inspect(batch, grammar_rollout.config).failures.get(row, []))

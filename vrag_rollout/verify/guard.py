@@ -236,7 +236,9 @@ def apply(batch: Any, report: GuardReport, mode: str) -> dict[str, float]:
     - `drop`: zero each bad sample's loss and response masks in place, so it adds no token to the
       loss. It stays in its GRPO group's reward mean and standard deviation: its reward is still
       an outcome the policy produced, and leaving it keeps the other samples' advantages exactly
-      what they would be; only its own gradient (one sample's share of the group) is lost;
+      what they would be; only its own gradient (one sample's share of the group) is lost.
+      `LiveGuard` also empties the response of a sample whose image tokens are broken
+      (`empty_responses`): the trainer's forward pass would raise for the whole batch on it;
     - `warn`: change nothing; the metrics and the caller's log say what was found;
     - `off`: the caller does not inspect at all (nothing to do here).
     """
@@ -333,6 +335,37 @@ def _rows_of(batch: Any, rows: list[int]) -> Any:
     return SimpleNamespace(batch=tensors, non_tensor_batch=columns, meta_info=dict(batch.meta_info or {}))
 
 
+# Failures the trainer's forward pass itself cannot get through: it scatters each image's features
+# into its pad run and raises ("Image features and image tokens do not match") for the whole batch
+# when a sample's pads and images disagree. A zeroed mask does not keep a sample out of that pass.
+FORWARD_BREAKING = ("image_tokens",)
+
+
+def empty_responses(batch: Any, rows: list[int], oracle: ModelOracle) -> None:
+    """Make dropped samples safe for the trainer's forward pass: each row's response becomes
+    padding (pad tokens, attention 0, masks, turn ids and log-probs 0) and its images only those
+    its prompt shows (its prompt's pad runs), so tokens and images agree again. The sample's
+    reward is then that of an empty response."""
+    if not rows:
+        return
+    t = batch.batch
+    width = int(t["prompts"].shape[1])
+    pad = oracle.tokenizer.pad_token_id if oracle.tokenizer.pad_token_id is not None else 0
+    column = (batch.non_tensor_batch or {}).get("multi_modal_data")
+    for s in rows:
+        t["responses"][s] = pad
+        t["input_ids"][s, width:] = pad
+        t["attention_mask"][s, width:] = 0
+        for name in ("response_mask", "loss_mask", "turn_ids", "rollout_log_probs"):
+            if name in t.keys():
+                t[name][s] = 0
+        if column is not None and column[s]:
+            shown = t["input_ids"][s, :width][t["attention_mask"][s, :width].bool()]
+            prompt_images = int(((shown[1:] == oracle.image_pad) & (shown[:-1] == oracle.vision_start)).sum())
+            key = "images" if "images" in column[s] else "image"
+            column[s] = {**column[s], key: list(column[s].get(key) or [])[:prompt_images]}
+
+
 class LiveGuard:
     """What a trainer holds: a `Guard`, its mode and, optionally, its `BadSampleLog`.
 
@@ -365,7 +398,14 @@ class LiveGuard:
         if self.samples is not None:  # every batch, so its files are numbered by the guarded step
             self.samples.record(batch, report)
         batch.non_tensor_batch[GUARD_COLUMN] = row_verdicts(report, dropped=self.mode == "drop")
-        return apply(batch, report, self.mode)
+        metrics = apply(batch, report, self.mode)
+        if self.mode == "drop":
+            breaking = [s for s, fails in report.failures.items() if any(f.check in FORWARD_BREAKING for f in fails)]
+            metrics["guard/emptied"] = float(len(breaking))
+            empty_responses(batch, breaking, self.guard.oracle)
+            for s in breaking:
+                batch.non_tensor_batch[GUARD_COLUMN][s]["emptied"] = 1.0
+        return metrics
 
 
 def guarded(rollout: Callable[[Any], Any], live: LiveGuard) -> Callable[[Any], Any]:
