@@ -167,7 +167,7 @@ def test_counts_and_drift_reach_the_trainers_metrics(rolled, tiny_model_dir, tin
     assert "response_length/mean" in data  # verl's own
     assert {k: v for k, v in data.items() if k.startswith("guard/")} == {
         "guard/bad": 1.0, "guard/bad/observations": 1.0, "guard/bad/turns": 1.0, "guard/checked": float(len(batch)),
-        "guard/dropped": 1.0}
+        "guard/dropped": 1.0, "guard/dropped/observations": 1.0, "guard/dropped/turns": 1.0}
 
 
 def test_the_manager_refuses_verls_v1_trainer():

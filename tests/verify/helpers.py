@@ -13,6 +13,7 @@ from PIL import Image, ImageDraw
 
 from tests.conftest import SAMPLE_RETRIEVAL
 from tests.rollout.agent_helpers import make_agent, prompt_batch
+from vrag_rollout.devkit import planted_defects
 from vrag_rollout.retrieval.fixtures import FixtureTransport
 from vrag_rollout.retrieval.client import RetrieverClient
 from vrag_rollout.verify.saved_batch import save_rollout
@@ -93,15 +94,7 @@ def caught(report, check: str, sample: int, position: int, fragment: str = ""):
     return hits[0]
 
 
-def runs(values: list, target) -> list[tuple[int, int]]:
-    out, start = [], None
-    for i, value in enumerate(values + [None]):
-        if value == target and start is None:
-            start = i
-        elif value != target and start is not None:
-            out.append((start, i))
-            start = None
-    return out
+runs = planted_defects.runs  # [start, end) of every run of a value in a list
 
 
 def token_id(processor, name: str) -> int:

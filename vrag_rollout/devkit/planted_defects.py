@@ -24,7 +24,7 @@ import torch
 IMAGE_PAD = "<|image_pad|>"
 
 
-def _runs(values: list, target: int) -> list[tuple[int, int]]:
+def runs(values: list, target: int) -> list[tuple[int, int]]:
     """[start, end) of every run of `target` in `values`."""
     out, start = [], None
     for i, value in enumerate(values + [None]):
@@ -50,7 +50,7 @@ def _loss_key(batch: Any) -> str:
 
 def _image_runs(batch: Any, row: int, processor: Any) -> list[tuple[int, int]]:
     pad = processor.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
-    return _runs(batch.batch["responses"][row].tolist(), pad)
+    return runs(batch.batch["responses"][row].tolist(), pad)
 
 
 def _used(batch: Any, row: int) -> int:
@@ -58,7 +58,7 @@ def _used(batch: Any, row: int) -> int:
 
 
 def _observations(batch: Any, row: int) -> list[tuple[int, int]]:
-    return _runs(batch.batch[_loss_key(batch)][row, : _used(batch, row)].tolist(), 0)
+    return runs(batch.batch[_loss_key(batch)][row, : _used(batch, row)].tolist(), 0)
 
 
 def _free_row(batch: Any, taken: set, wanted: Callable[[int], bool]) -> int:
@@ -158,4 +158,4 @@ def plant(name: str, batch: Any, processor: Any, taken: set, n: int = 2) -> int:
     return row
 
 
-__all__ = ["DEFECTS", "plant"]
+__all__ = ["DEFECTS", "plant", "runs"]
