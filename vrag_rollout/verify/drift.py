@@ -98,6 +98,23 @@ def batch_drift(batch: Any, actor: torch.Tensor, mask_key: str = "loss_mask", wo
     return turn_drift(actor, tensors["rollout_log_probs"], tensors["turn_ids"], tensors[mask_key].bool(), worst)
 
 
+def old_log_prob_drift(batch: Any, print_worst: bool = True) -> dict[str, float]:
+    """The step's `guard/drift/...` metrics of a trainer batch after its actor's log-probs
+    (`old_log_probs`, over `response_mask`: EasyR1's and verl's names) against the rollout's; {}
+    when there is nothing to compare. Prints the worst sample-turns (with their `uid`), one line."""
+    if "old_log_probs" not in batch.batch.keys():
+        return {}
+    drift = batch_drift(batch, batch.batch["old_log_probs"], "response_mask")
+    if drift is None or not drift.turns:
+        return {}
+    if print_worst and drift.worst:
+        uids = (getattr(batch, "non_tensor_batch", None) or {}).get("uid")
+        worst = ", ".join(f"sample {s}{f' (uid {uids[s]})' if uids is not None else ''} turn {t}: {gap:.2e}"
+                          for s, t, gap in drift.worst)
+        print(f"guard drift: max {max(drift.max.values()):.2e}; worst sample-turns {worst}", flush=True)
+    return drift.metrics()
+
+
 def _sampled_under_grammar(batch: Any) -> bool:
     """The rollout's record: `meta_info["action_grammar"]` (EasyR1, learn) or, where the trainer
     keeps no batch meta (verl's agent loop), any row's `rollout_meta` column entry."""
@@ -107,4 +124,4 @@ def _sampled_under_grammar(batch: Any) -> bool:
     return recorded is not None and any(isinstance(row, dict) and row.get("action_grammar") for row in recorded)
 
 
-__all__ = ["TurnDrift", "batch_drift", "turn_drift"]
+__all__ = ["TurnDrift", "batch_drift", "old_log_prob_drift", "turn_drift"]

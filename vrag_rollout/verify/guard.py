@@ -282,6 +282,12 @@ def column_metrics(column: Any, prefix: str = "guard/") -> dict[str, float]:
     return {f"{prefix}{name}": float(value) for name, value in sorted(totals.items())}
 
 
+def batch_counts(batch: Any) -> dict[str, float]:
+    """The step's `guard/` counts of a trainer batch from its `GUARD_COLUMN` ({} without one)."""
+    column = (getattr(batch, "non_tensor_batch", None) or {}).get(GUARD_COLUMN)
+    return column_metrics(column) if column is not None else {}
+
+
 class BadSampleLog:
     """The first bad samples of a run, saved where `vrag-rollout view` opens them.
 

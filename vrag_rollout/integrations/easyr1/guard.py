@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ...verify.drift import batch_drift
-from ...verify.guard import GUARD_COLUMN, LiveGuard, column_metrics
+from ...verify.drift import old_log_prob_drift
+from ...verify.guard import LiveGuard, batch_counts
 from .common import mark_patched, patch_once
 
 
@@ -44,18 +44,7 @@ def guard_for(model_path: str, config: Any, processor: Any = None) -> Optional[L
 
 def step_metrics(batch: Any) -> dict[str, float]:
     """The step's `guard/` metrics from the whole trainer batch (see the module docstring)."""
-    metrics: dict[str, float] = {}
-    column = (batch.non_tensor_batch or {}).get(GUARD_COLUMN)
-    if column is not None:
-        metrics.update(column_metrics(column))
-    if "old_log_probs" in batch.batch.keys():
-        drift = batch_drift(batch, batch.batch["old_log_probs"], "response_mask")
-        if drift is not None and drift.turns:
-            metrics.update(drift.metrics())
-            uids = (batch.non_tensor_batch or {}).get("uid")
-            worst = [f"{uids[s] if uids is not None else s} turn {t}: {gap:.2e}" for s, t, gap in drift.worst]
-            print("guard drift, worst samples (uid turn: mean gap): " + "; ".join(worst), flush=True)
-    return metrics
+    return {**batch_counts(batch), **old_log_prob_drift(batch)}
 
 
 def patch_trainer_metrics(module: Any) -> dict:

@@ -58,8 +58,8 @@ import torch
 from verl.experimental.agent_loop.agent_loop import AgentLoopManager, AgentLoopWorker, _agent_loop_registry
 
 from ...config import AgentRolloutConfig
-from ...verify.drift import batch_drift
-from ...verify.guard import GUARD_COLUMN, LiveGuard, column_metrics
+from ...verify.drift import old_log_prob_drift
+from ...verify.guard import LiveGuard, batch_counts
 from .agent_loop import AGENT_NAME, agent_config
 
 logger = logging.getLogger(__name__)
@@ -164,30 +164,9 @@ class GuardedAgentLoopManager(AgentLoopManager):
 
 
 # ---- the driver's side: metrics into the step's dict ----
-def guard_counts(batch: Any) -> dict[str, float]:
-    """The step's `guard/` counts from the batch's `GUARD_COLUMN` (none when it has none)."""
-    column = (batch.non_tensor_batch or {}).get(GUARD_COLUMN)
-    return column_metrics(column) if column is not None else {}
-
-
-def drift_metrics(batch: Any, print_worst: bool = True) -> dict[str, float]:
-    """Per-turn drift of the batch's `old_log_probs` (verl's actor) against its `rollout_log_probs`."""
-    if "old_log_probs" not in batch.batch.keys():
-        return {}
-    drift = batch_drift(batch, batch.batch["old_log_probs"], "response_mask")
-    if drift is None:
-        return {}
-    if print_worst and drift.worst:
-        uids = (batch.non_tensor_batch or {}).get("uid")
-        worst = ", ".join(f"sample {s}{f' (uid {uids[s]})' if uids is not None else ''} turn {t}: {gap:.2e}"
-                          for s, t, gap in drift.worst)
-        print(f"guard drift: max {max(drift.max.values()):.2e}; worst sample-turns {worst}")
-    return drift.metrics()
-
-
 def _with_guard_counts(compute_data_metrics: Any) -> Any:
     def wrapped(batch: Any, *args: Any, **kwargs: Any) -> dict:
-        return {**compute_data_metrics(batch, *args, **kwargs), **guard_counts(batch)}
+        return {**compute_data_metrics(batch, *args, **kwargs), **batch_counts(batch)}
 
     wrapped.vrag_guard = True
     wrapped.__wrapped__ = compute_data_metrics
@@ -196,7 +175,7 @@ def _with_guard_counts(compute_data_metrics: Any) -> Any:
 
 def _with_drift(calculate_debug_metrics: Any) -> Any:
     def wrapped(data: Any, *args: Any, **kwargs: Any) -> dict:
-        return {**calculate_debug_metrics(data, *args, **kwargs), **drift_metrics(data)}
+        return {**calculate_debug_metrics(data, *args, **kwargs), **old_log_prob_drift(data)}
 
     wrapped.vrag_guard = True
     wrapped.__wrapped__ = calculate_debug_metrics
@@ -215,5 +194,5 @@ def install_trainer_metrics() -> None:
         debug_metrics.calculate_debug_metrics = _with_drift(debug_metrics.calculate_debug_metrics)
 
 
-__all__ = ["GuardedAgentLoopManager", "GuardedAgentLoopWorker", "MANAGER_CLASS", "attach_turn_ids", "drift_metrics",
-           "guard_config", "guard_counts", "install_trainer_metrics"]
+__all__ = ["GuardedAgentLoopManager", "GuardedAgentLoopWorker", "MANAGER_CLASS", "attach_turn_ids",
+           "guard_config", "install_trainer_metrics"]
