@@ -79,6 +79,45 @@ def test_the_clean_batch_has_no_bad_sample(rolled):
     assert not list(rolled.samples_dir.iterdir())
 
 
+def test_each_distinct_page_is_processed_once_and_its_outputs_shared(rolled, tiny_model_dir):
+    """Pages once in verl's worker (`integrations/verl/pages.py`): the image processor ran once
+    per distinct page; each trajectory's `multi_modal_inputs` equal, bit for bit, a fresh
+    processor's outputs for its own images (the oracle: verl as shipped computes exactly those);
+    trajectories showing a page share its outputs, and the pickled column carries them once."""
+    import pickle
+
+    from transformers import AutoProcessor
+
+    from vrag_rollout.core.pages import PageEntry, pixels
+    from vrag_rollout.integrations.image_inputs import OncePerImage, SharedImageInputs
+
+    batch = rolled.batch
+    shown = [list(item["images"]) for item in batch.non_tensor_batch["multi_modal_data"]]
+    assert all(isinstance(entry, PageEntry) for row in shown for entry in row)
+    distinct = {entry.key for row in shown for entry in row}
+    assert sum(len(row) for row in shown) > len(distinct) >= 1
+    once = rolled.worker.processor.image_processor
+    assert isinstance(once, OncePerImage) and once.processed == len(distinct)
+
+    oracle = AutoProcessor.from_pretrained(tiny_model_dir).image_processor
+    column = batch.non_tensor_batch["multi_modal_inputs"]
+    owners: dict = {}
+    for inputs, images in zip(column, shown):
+        if not images:
+            assert "pixel_values" not in inputs
+            continue
+        assert isinstance(inputs, SharedImageInputs)
+        want = oracle(images=[pixels(entry) for entry in images], return_tensors="pt")
+        for name in want.keys():
+            assert torch.equal(inputs[name], want[name]), name
+        grid = want["image_grid_thw"]
+        assert torch.equal(inputs["images_seqlens"], torch.repeat_interleave(grid[:, 1] * grid[:, 2], grid[:, 0]))
+        for entry, part in zip(images, inputs.parts):
+            assert owners.setdefault(entry.key, part) is part  # one outputs object per page
+    per_page = sum(part["pixel_values"].nbytes for part in owners.values())
+    assert len(pickle.dumps(column)) < 1.1 * per_page
+
+
 @pytest.mark.parametrize("plant", list(SCRIPT.PLANTS))
 def test_each_planted_defect_is_caught_and_dropped_alone(plant, rolled, tiny_model_dir):
     from vrag_rollout.verify.check import run_check

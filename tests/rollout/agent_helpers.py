@@ -15,6 +15,7 @@ from PIL import Image, ImageDraw
 from vrag_rollout import vLLMRolloutAgent
 from vrag_rollout.devkit.demo import demo_config, demo_page_band, demo_questions
 from vrag_rollout.data.prompts import PromptSample, build_prompt_batch
+from vrag_rollout.core.pages import pixels
 
 
 def cover_image(seed: int) -> Image.Image:
@@ -45,8 +46,9 @@ def prompt_batch(processor, samples, agent, **kwargs):
 
 
 def sample_images(output, row: int) -> list:
+    """The sample's images as an image processor takes them (a page entry's decoded pixels)."""
     item = output.non_tensor_batch["multi_modal_data"][row]
-    return list(next(iter(item.values())))
+    return [pixels(image) for image in next(iter(item.values()))]
 
 
 def processor_grids(processor, images) -> torch.Tensor | None:

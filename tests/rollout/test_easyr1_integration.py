@@ -672,13 +672,21 @@ def test_adapter_moves_loss_mask_into_response_mask(easyr1):
 
 
 class CountingProcessor:
+    """A fake image processor: per image one row of its name's code points, and a grid row."""
+
     def __init__(self):
         self.calls = 0
+        self.images = 0
         self.image_processor = self
 
     def __call__(self, images=None, videos=None, return_tensors=None):
         self.calls += 1
-        return {"pixel_values": list(images), "image_grid_thw": len(images)}
+        self.images += len(images)
+        return {"pixel_values": _rows(images), "image_grid_thw": torch.ones((len(images), 3), dtype=torch.long)}
+
+
+def _rows(names):
+    return torch.tensor([[ord(c) for c in name.ljust(8)] for name in names])
 
 
 def _mm_batch(images_per_sample, uids, meta=True):
@@ -698,24 +706,26 @@ def test_image_cache_is_per_sample_not_per_uid(easyr1):
     data = _mm_batch(samples, ["u", "u", "u"])
     original._process_multi_modal_inputs(data)
     got = [x["pixel_values"] for x in data.non_tensor_batch["multi_modal_inputs"]]
-    assert got[1] == ["q", "page1"]  # EasyR1 as shipped: sample 1 gets sample 0's pages
+    assert torch.equal(got[1], _rows(["q", "page1"]))  # EasyR1 as shipped: sample 1 gets sample 0's pages
 
     glue.install_agent_rollout()
     processor = CountingProcessor()
     worker = FSDPWorker(None, processor)
     data = _mm_batch(samples, ["u", "u", "u"])
     worker._process_multi_modal_inputs(data)
-    got = [x["pixel_values"] for x in data.non_tensor_batch["multi_modal_inputs"]]
-    assert got == samples
-    assert processor.calls == 2  # identical samples processed once
+    got = [dict(x.items()) for x in data.non_tensor_batch["multi_modal_inputs"]]
+    for sample, inputs in zip(samples, got):
+        assert torch.equal(inputs["pixel_values"], _rows(sample))
+        assert torch.equal(inputs["image_grid_thw"], torch.ones((len(sample), 3), dtype=torch.long))
+    assert processor.images == 3  # each distinct image processed once: q, page1, page2
 
     again = _mm_batch(samples, ["u", "u", "u"])  # next call of the same step: served from cache
     worker._process_multi_modal_inputs(again)
-    assert processor.calls == 2
+    assert processor.images == 3
     changed = _mm_batch([["q", "page3"]] * 3, ["u", "u", "u"])
     worker._process_multi_modal_inputs(changed)
-    assert processor.calls == 3
-    assert changed.non_tensor_batch["multi_modal_inputs"][2]["pixel_values"] == ["q", "page3"]
+    assert processor.images == 5
+    assert torch.equal(changed.non_tensor_batch["multi_modal_inputs"][2]["pixel_values"], _rows(["q", "page3"]))
 
 
 def test_image_cache_names_missing_meta(easyr1):

@@ -18,6 +18,7 @@ from PIL import Image
 from reportlab.pdfgen import canvas
 
 from tests.rollout.agent_helpers import make_agent
+from vrag_rollout.core.pages import pixels
 from vrag_rollout.core.regions import ABSOLUTE, RELATIVE_1000, Region, from_fractions
 from vrag_rollout.core.vision import decode_page, decode_page_file
 from vrag_rollout.data.prompts import PromptSample, build_prompts
@@ -115,7 +116,7 @@ def family_rollouts(request, family_models, retriever_url):
 
 def crops(output):
     images = list(output.non_tensor_batch["multi_modal_data"][0].values())[0]
-    return images[1:]  # page 2 as fetched, then the crop(s)
+    return [pixels(image) for image in images[1:]]  # page 2 as fetched, then the crop(s)
 
 
 @pytest.mark.parametrize("case", ["right", "tool_call", "right_sync", "tool_call_sync"])
@@ -127,7 +128,7 @@ def test_the_familys_box_shows_the_mark_centred(family_rollouts, case):
     centre = mark_centre(crop)
     assert centre is not None and abs(centre[0] - 0.5) < 0.05 and abs(centre[1] - 0.5) < 0.05, (model.family, box,
                                                                                                centre)
-    page = list(output.non_tensor_batch["multi_modal_data"][0].values())[0][0]
+    page = pixels(list(output.non_tensor_batch["multi_modal_data"][0].values())[0][0])
     assert crop.width * crop.height > 0.5 * page.width * page.height  # zoomed: far more pixels for the region
     report = check_batch(from_dataproto(output, processor=model.processor, model_path=model.model_dir,
                                         config=agent.config), model.model_dir)

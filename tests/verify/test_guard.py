@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from vrag_rollout.core.pages import pixels
 from vrag_rollout.verify.check import check_batch
 from vrag_rollout.verify.guard import Guard, GuardFailure, apply
 from vrag_rollout.devkit.planted_defects import DEFECTS, plant
@@ -205,7 +206,7 @@ def hf_model(grammar_rollout):
 def actor_forward(hf_model, processor, batch, row):
     """The trainer's forward pass of one sample: its attended tokens, its images through the processor."""
     ids = batch.batch["input_ids"][row][batch.batch["attention_mask"][row].bool()]
-    images = list(batch.non_tensor_batch["multi_modal_data"][row]["images"])
+    images = [pixels(image) for image in batch.non_tensor_batch["multi_modal_data"][row]["images"]]
     inputs = {"input_ids": ids[None], "attention_mask": torch.ones_like(ids)[None],
               "mm_token_type_ids": (ids == token_of(processor, "<|image_pad|>")).int()[None]}
     if images:

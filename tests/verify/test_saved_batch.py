@@ -10,6 +10,9 @@ import torch
 from PIL import Image
 
 from tests.verify.helpers import pickled_trainer_batch
+from vrag_rollout.core.pages import PageEntry, pixels
+from vrag_rollout.verify.check import check_batch
+from vrag_rollout.verify.view import render
 from vrag_rollout.verify.saved_batch import FORMAT, FORMAT_VERSION, NotABatchError, SavedBatch, encode_image, load_rollout
 
 
@@ -27,6 +30,7 @@ def test_round_trip_of_a_real_rollout(grammar_rollout):
         assert len(decoded) == len(originals)
         for original, back in zip(originals, decoded):  # lossless: the very pixels, the very grid
             assert back.size == original.size
+            original = pixels(original)
             assert np.array_equal(np.asarray(back.convert("RGB")), np.asarray(original.convert("RGB")))
     for name in ("doc_id", "termination_reason", "num_turns", "num_searches", "num_fetches"):
         assert saved.columns[name] == [v.item() if hasattr(v, "item") else v for v in out.non_tensor_batch[name]]
@@ -44,6 +48,39 @@ def test_round_trip_of_a_real_rollout(grammar_rollout):
 def test_own_files_load_without_unpickling_code(grammar_rollout):
     data = torch.load(grammar_rollout.path, weights_only=True)  # plain data only
     assert data["format"] == FORMAT and isinstance(data["images"][0], list)
+
+
+def test_each_distinct_page_is_saved_once(grammar_rollout):
+    """The file holds each distinct page's bytes once; every sample refers to it by index, and
+    the loaded batch's samples share the one bytes object."""
+    column = grammar_rollout.output.non_tensor_batch["multi_modal_data"]
+    entries = [image for item in column for image in item["images"]]
+    distinct = {image.key for image in entries if isinstance(image, PageEntry)}
+    assert len(entries) > len(distinct) >= 1  # the batch shows some page more than once
+    data = torch.load(grammar_rollout.path, weights_only=True)
+    prompt_images = {encode_image(image) for image in entries if not isinstance(image, PageEntry)}
+    assert len(data["pages"]) == len(distinct) + len(prompt_images)
+    assert sorted(len(refs) for refs in data["images"]) == sorted(len(item["images"]) for item in column)
+    saved = load_rollout(grammar_rollout.path)
+    loaded = {id(data) for row in saved.images for data in row}
+    assert len(loaded) == len(data["pages"])
+
+
+def test_a_version_1_file_still_opens_in_check_and_view(grammar_rollout, tmp_path):
+    """Version 1 held every sample's image bytes inline (one copy per sample); such files still
+    load, check and view as before."""
+    saved = load_rollout(grammar_rollout.path)
+    old = saved.to_dict()
+    old["version"] = 1
+    old["images"] = [list(row) for row in saved.images]
+    del old["pages"]
+    path = tmp_path / "version1.pt"
+    torch.save(old, path)
+    back = load_rollout(path)
+    assert back.version == 1 and back.images == saved.images
+    report = check_batch(back, str(grammar_rollout.model_dir))
+    assert report.ok, report.human()
+    assert render(back, str(grammar_rollout.model_dir)).count("<img") >= sum(len(row) for row in back.images)
 
 
 def test_a_newer_format_version_is_refused(grammar_rollout, tmp_path):

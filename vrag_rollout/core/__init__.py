@@ -11,6 +11,7 @@ Rule (tests/test_layers.py): imports only `core/` and the package's leaf modules
 - `observation`: tool results as observation tokens (engine and trainer views).
 - `serial_tokenizer`: a tokenizer any thread may call, one call at a time.
 - `vision`: page decoding and resizing into the processor's pixel band.
+- `pages`: page entries, one shared content-addressed copy per distinct page (and the decode cache).
 - `regions`: a box in a family's grounding frame mapped to fractions of the page (the region action).
 - `positions`: mrope position ids of a sequence with images.
 - `batch`: episodes assembled into the trainer's tensors and columns.

@@ -134,11 +134,12 @@ def episode_columns(
     episodes: Sequence[Episode], prompt_entries: Sequence[list], spec: BatchSpec
 ) -> dict[str, np.ndarray]:
     """Per-sample non-tensor columns: images in sequence order (the prompt's own entries as the
-    trainer gave them, then the retrieved pages), page ids, counters."""
+    trainer gave them, then the retrieved pages as their shared `pages.PageEntry`: one object per
+    distinct page in the whole batch), page ids, counters."""
     return {
         "multi_modal_data": object_array(
             [
-                {spec.image_key: list(entries) + [page.image for page in ep.images]}
+                {spec.image_key: list(entries) + [page.entry for page in ep.images]}
                 for ep, entries in zip(episodes, prompt_entries)
             ]
         ),

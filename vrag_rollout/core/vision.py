@@ -32,6 +32,8 @@ from PIL import Image
 # side under one patch, e.g. 1x1, where the processor's grid is the one that counts.)
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 
+from .pages import PageEntry
+
 MAX_ASPECT_RATIO = 200  # Qwen2-VL's processor raises above this
 
 
@@ -179,11 +181,15 @@ def _b64_bytes(data: str | bytes) -> bytes:
         raise ImageDecodeError(f"image data is not base64: {e}") from e
 
 
+def _has_alpha(image: Image.Image) -> bool:
+    return image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info)
+
+
 def _to_rgb(image: Image.Image) -> Image.Image:
     """RGB, with transparency composited onto white (a transparent page is a white page)."""
     if image.mode == "RGB":
         return image
-    if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
+    if _has_alpha(image):
         rgba = image.convert("RGBA")
         canvas = Image.new("RGB", rgba.size, (255, 255, 255))
         canvas.paste(rgba, mask=rgba.getchannel("A"))
@@ -196,16 +202,18 @@ def decode_base64_image(data: str | bytes) -> Image.Image:
 
     Raises ImageDecodeError for anything that is not a complete, decodable image; never None.
     """
-    return _decode_pil(_b64_bytes(data))
+    return _decode_pil(_b64_bytes(data))[0]
 
 
-def _decode_pil(raw: bytes) -> Image.Image:
+def _decode_pil(raw: bytes) -> tuple[Image.Image, bool]:
+    """(RGB image, whether it has no transparency: then it is exactly what a plain
+    `Image.open(raw).convert("RGB")`, the trainers' reading, gives)."""
     try:
         with Image.open(io.BytesIO(raw)) as img:
             img.load()  # decode every pixel now: truncated files fail here, not later
             if img.width < 1 or img.height < 1:
                 raise ImageDecodeError(f"image has no pixels ({img.width}x{img.height})")
-            return _to_rgb(img)  # loaded: usable after the file closes
+            return _to_rgb(img), not _has_alpha(img)  # loaded: usable after the file closes
     except ImageDecodeError:
         raise
     except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, DecompressionBombError...
@@ -219,9 +227,16 @@ def _decode_pil(raw: bytes) -> Image.Image:
 class PageImage:
     """A page resized into the band, with the grid the processor will compute for it."""
 
-    image: Image.Image  # RGB, already resized: send exactly this to vLLM and the trainer
+    image: Image.Image  # RGB, already resized: send exactly this to vLLM
     grid_thw: tuple[int, int, int]  # in patches (t, h/patch, w/patch)
     merge_size: int = 2
+    # What the batch holds for the trainer: the page's bytes, whose pixels are `image` (the
+    # retriever's own bytes when they are; else lossless PNG of `image`).
+    entry: Optional[PageEntry] = None
+
+    def __post_init__(self) -> None:
+        if self.entry is None:
+            object.__setattr__(self, "entry", PageEntry.of_image(self.image))
 
     @property
     def num_tokens(self) -> int:
@@ -297,11 +312,16 @@ def _resize(pixels: np.ndarray, height: int, width: int) -> Image.Image:
     return Image.fromarray(pixels)
 
 
-def _page(image: Image.Image, band: PixelBand) -> PageImage:
+def _page(image: Image.Image, band: PixelBand, entry: Optional[PageEntry] = None) -> PageImage:
     """A still image is one temporal patch (the processor repeats it temporal_patch_size times),
     so grid = (1, H/patch, W/patch)."""
     grid = (1, image.height // band.patch_size, image.width // band.patch_size)
-    return PageImage(image=image, grid_thw=grid, merge_size=band.merge_size)
+    return PageImage(image=image, grid_thw=grid, merge_size=band.merge_size, entry=entry)
+
+
+def page_of(entry: PageEntry, band: PixelBand) -> PageImage:
+    """The page an entry made by this module shows (its image is already in `band`)."""
+    return _page(entry.image, band, entry)
 
 
 def fit_to_band(image: Image.Image, band: PixelBand) -> PageImage:
@@ -343,10 +363,16 @@ def decode_page_file(raw: bytes, band: PixelBand) -> PageImage:
             pixels = simplejpeg.decode_jpeg(
                 raw, fastdct=fast, fastupsample=fast, min_factor=k, min_height=-(-h // k), min_width=-(-w // k)
             )  # strict: a truncated or corrupt JPEG raises, and PIL below explains it
-            return _page(_resize(pixels, height, width), band)
+            image = _resize(pixels, height, width)
+            # Not resized: exact decoding (no fast DCT), bit for bit what PIL decodes from the same
+            # bytes, so the retriever's bytes are the page.
+            return _page(image, band, PageEntry(raw, image=image) if (h, w) == (height, width) else None)
     except ValueError:
         pass
-    return fit_to_band(_decode_pil(raw), band)
+    image, plain = _decode_pil(raw)
+    if plain and band_size(image.height, image.width, band) == (image.height, image.width):
+        return _page(image, band, PageEntry(raw, image=image))
+    return fit_to_band(image, band)
 
 
 def narrowed_band(band: Any, min_pixels: Optional[int], max_pixels: Optional[int]) -> Any:

@@ -15,11 +15,12 @@ from typing import Any, Callable, Optional, Sequence, Union
 from ..core.actions import Crop, Fetch, Invalid, Search, ToolCall
 from ..core.regions import RegionError, RegionRequest
 from ..core.observation import NO_PAGES, Observation, ObservationBuilder, Overflow
+from ..core.pages import PageCache, content_key
 from ..retrieval.types import FetchSpec, RetrievedPage, RetrieverFailure
 
 # The RetrieverFailure kind of a request the retriever refused as the asker's mistake.
 REQUEST_FAILURE = "request"
-from ..core.vision import ImageDecodeError, PixelBand, decode_page, decode_page_file
+from ..core.vision import ImageDecodeError, PixelBand, decode_page, decode_page_file, page_of
 
 UNLIMITED = 1 << 30  # a budget or image count that never binds: measuring an observation's size
 
@@ -83,11 +84,13 @@ def call_retriever(calls: Sequence[ToolCall], client: Any, top_n: int, band: Opt
 
 @dataclass
 class Observer:
-    """Builds observations for tool outcomes: decodes and resizes pages into the band."""
+    """Builds observations for tool outcomes: decodes and resizes pages into the band, each
+    distinct page once (`pages`: every episode shown a page holds its one entry and image)."""
 
     builder: ObservationBuilder
     band: PixelBand
     decoder: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(max_workers=4))
+    pages: PageCache = field(default_factory=PageCache)
 
     def observe_turn(self, items: Sequence[tuple]) -> list[ObservationResult]:
         """(action, outcome, budget, image_slots) per tool call -> one result each.
@@ -210,11 +213,16 @@ class Observer:
                            image_regions=regions if any(regions) else ())
 
     def _decode(self, page: RetrievedPage) -> Any:
+        """The page, decoded once however often it is served (None: undecodable)."""
+        entry = self.pages.get(content_key(page.contents), lambda: self._decode_new(page))
+        return None if entry is None else page_of(entry, self.band)
+
+    def _decode_new(self, page: RetrievedPage) -> Any:
         try:
             # bytes: the JPEG itself (a binary answer); str: base64 (JSON, fixtures)
             if isinstance(page.contents, bytes):
-                return decode_page_file(page.contents, self.band)
-            return decode_page(page.contents, self.band)
+                return decode_page_file(page.contents, self.band).entry
+            return decode_page(page.contents, self.band).entry
         except ImageDecodeError:
             return None
 

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from ..logit_bias import dense_logit_bias
+from ..core.pages import pixels
 
 IMAGE_PAD = "<|image_pad|>"
 
@@ -110,7 +111,7 @@ def policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: 
 def sample_images(batch: Any, row: int) -> list:
     entry = batch.non_tensor_batch.get("multi_modal_data")
     entry = None if entry is None else entry[row]
-    return list(next(iter(entry.values()))) if entry else []
+    return [pixels(image) for image in next(iter(entry.values()))] if entry else []
 
 
 def response_log_probs(hf_model: Any, processor: Any, batch: Any, temperature: float) -> torch.Tensor:

@@ -136,7 +136,9 @@ class Guard:
         if not images:
             return None
         processor = self.oracle.processor.image_processor
-        resize = getattr(sys.modules.get(type(processor).__module__), "smart_resize", None)
+        # a wrapper around the processor (e.g. one that caches its outputs) names it `__wrapped__`
+        rule_of = getattr(processor, "__wrapped__", processor)
+        resize = getattr(sys.modules.get(type(rule_of).__module__), "smart_resize", None)
         size = getattr(processor, "size", None)
         shortest, longest = (getattr(size, "shortest_edge", None), getattr(size, "longest_edge", None)) if size else (None, None)
         patch = getattr(processor, "patch_size", None)
@@ -203,10 +205,21 @@ def _images(batch: Any) -> list[list]:
     if column is None:
         return [[] for _ in range(int(batch.batch["responses"].shape[0]))]
     rows = [list((item or {}).get("images", (item or {}).get("image")) or []) for item in column]
-    return [[entry if isinstance(entry, Image.Image) else _decoded(entry) for entry in row] for row in rows]
+    decoded: dict = {}  # id -> (entry, image): a page shared by many samples is decoded once
+    for row in rows:
+        for entry in row:
+            if id(entry) not in decoded:
+                decoded[id(entry)] = (entry, _decoded(entry))
+    return [[decoded[id(entry)][1] for entry in row] for row in rows]
 
 
 def _decoded(entry: Any) -> Image.Image:
+    """PIL as it is; an entry that carries its decoded page (the rollout's page entries) as that;
+    else the encoded bytes decoded."""
+    if isinstance(entry, Image.Image):
+        return entry
+    if isinstance(getattr(entry, "image", None), Image.Image):
+        return entry.image
     data = entry.get("bytes") if isinstance(entry, Mapping) else entry
     with Image.open(io.BytesIO(data)) as image:
         image.load()

@@ -5,18 +5,21 @@ it back as a `SavedBatch`, and also reads a trainer batch pickled from EasyR1 or
 `DataProto` with `batch`, `non_tensor_batch`, `meta_info`, written by `DataProto.save_to_disk`,
 `pickle.dump` or `torch.save`). Documented in docs/saved-batch.md.
 
-Format (FORMAT_VERSION 1): `torch.save` of a plain dict that `torch.load(weights_only=True)` reads
+Format (FORMAT_VERSION 2): `torch.save` of a plain dict that `torch.load(weights_only=True)` reads
 (no pickled classes, so loading our own files runs no code). One module on purpose: writing and
 reading the format are one contract, kept side by side under this specification.
 
-- `format`: "vrag-rollout/saved-batch"; `version`: 1.
+- `format`: "vrag-rollout/saved-batch"; `version`: 2 (version 1 files are still read).
 - `tensors`: every tensor of the output batch, rows = samples (the n samples of a prompt adjacent):
   `prompts` (B, P), `responses` (B, R), `input_ids` (B, P+R), `attention_mask` (B, P+R),
   `response_mask` (B, R), `loss_mask` (B, R), `position_ids` (B, 4|3, P+R) or (B, P+R), and
   `rollout_log_probs` (B, R) when recorded (plus whatever else a trainer batch holds).
-- `images`: per sample, the encoded bytes of every image of its `multi_modal_data`, in sequence
-  order (prompt images, then retrieved pages): the original bytes when the entry was bytes, a
-  `{"bytes": ...}` dict or a path, else lossless PNG (so the pixels, and the grids, are exact).
+- `pages`: the encoded bytes of each distinct image of the batch's `multi_modal_data`, once: the
+  original bytes when the entry was bytes, a `{"bytes": ...}` dict (the rollout's page entries) or
+  a path, else lossless PNG (so the pixels, and the grids, are exact).
+- `images`: per sample, the index in `pages` of every image of its `multi_modal_data`, in
+  sequence order (prompt images, then retrieved pages). (Version 1 held the bytes themselves
+  here, one copy per sample; `SavedBatch.images` reads both as bytes, shared between samples.)
 - `image_key`: the trainer's key for them, "images" (current EasyR1) or "image" (v0.3).
 - `columns`: the other non-tensor columns as plain lists: `doc_id`, `page_ids` (per observation,
   its page ids), `termination_reason`, `num_turns`, `num_searches`, `num_fetches`, `num_crops`, and
@@ -55,7 +58,7 @@ import torch
 from PIL import Image
 
 FORMAT = "vrag-rollout/saved-batch"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 # The model_type of each processor class this project knows (used when no model dir is given).
 _FAMILY_BY_PROCESSOR = {
@@ -108,11 +111,13 @@ class SavedBatch:
         return out
 
     def to_dict(self) -> dict:
+        pages, index = _distinct_pages(self.images)
         return {
             "format": FORMAT,
             "version": FORMAT_VERSION,
             "tensors": self.tensors,
-            "images": self.images,
+            "pages": pages,
+            "images": index,
             "image_key": self.image_key,
             "columns": self.columns,
             "metrics": self.metrics,
@@ -138,9 +143,17 @@ class SavedBatch:
         missing = [key for key in ("tensors", "images") if key not in data]
         if missing:
             raise NotABatchError(f"saved batch lacks {missing}")
+        if version >= 2:
+            pages = list(data.get("pages") or [])
+            try:
+                images = [[pages[k] for k in row] for row in data["images"]]
+            except (IndexError, TypeError) as e:
+                raise NotABatchError(f"saved batch's image references do not match its {len(pages)} pages") from e
+        else:
+            images = [list(row) for row in data["images"]]
         return cls(
             tensors=dict(data["tensors"]),
-            images=[list(row) for row in data["images"]],
+            images=images,
             columns=dict(data.get("columns") or {}),
             metrics=dict(data.get("metrics") or {}),
             config=dict(data.get("config") or {}),
@@ -281,6 +294,22 @@ def encode_image(entry: Any) -> bytes:
     raise TypeError(f"cannot encode an image entry of type {type(entry).__name__}")
 
 
+def _distinct_pages(images: list[list[bytes]]) -> tuple[list[bytes], list[list[int]]]:
+    """(each distinct image's bytes once, per sample the index of each of its images)."""
+    pages: list[bytes] = []
+    where: dict[bytes, int] = {}  # keyed by value (a bytes object caches its hash): equal content, one page
+    index = []
+    for row in images:
+        refs = []
+        for data in row:
+            if data not in where:
+                where[data] = len(pages)
+                pages.append(data)
+            refs.append(where[data])
+        index.append(refs)
+    return pages, index
+
+
 def _encode_multi_modal(column: Any, size: int) -> tuple[list[list[bytes]], str]:
     if column is None:
         return [[] for _ in range(size)], "images"
@@ -288,6 +317,7 @@ def _encode_multi_modal(column: Any, size: int) -> tuple[list[list[bytes]], str]
         raise NotABatchError(f"multi_modal_data has {len(column)} rows, the batch {size}")
     key = "images"
     out = []
+    done: dict = {}  # id -> (entry, its bytes); the entry is kept so its id stays its own
     for row, item in enumerate(column):
         entries: Any = []
         if isinstance(item, Mapping):
@@ -298,10 +328,12 @@ def _encode_multi_modal(column: Any, size: int) -> tuple[list[list[bytes]], str]
             raise NotABatchError(f"sample {row}: multi_modal_data is a {type(item).__name__}, expected a dict")
         encoded = []
         for k, entry in enumerate(entries):
-            try:
-                encoded.append(encode_image(entry))
-            except (TypeError, OSError) as e:
-                raise NotABatchError(f"sample {row}: image {k} cannot be saved: {e}") from e
+            if id(entry) not in done:  # a page shared by many samples is encoded once
+                try:
+                    done[id(entry)] = (entry, encode_image(entry))
+                except (TypeError, OSError) as e:
+                    raise NotABatchError(f"sample {row}: image {k} cannot be saved: {e}") from e
+            encoded.append(done[id(entry)][1])
         out.append(encoded)
     return out, key
 

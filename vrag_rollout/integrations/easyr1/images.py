@@ -1,8 +1,13 @@
-"""The actor's image cache keyed per sample (replacement for `FSDPWorker._process_multi_modal_inputs`).
+"""The actor's image inputs, per distinct image (replacement for `FSDPWorker._process_multi_modal_inputs`).
 
 EasyR1 caches processed image inputs per `uid`, i.e. per prompt: the n samples of a prompt that
-retrieved different pages would all get the first sample's pixels. Here the cache key is the uid
-plus the content of that sample's images, so identical samples are still processed once.
+retrieved different pages would all get the first sample's pixels. Here each distinct image (by
+content: a page entry's key, bytes, path or pixels) goes through the image processor once per
+step, and a sample's inputs (`image_inputs.SharedImageInputs`) are its images' outputs, concatenated only
+when the actor reads them for a micro-batch: the worker holds one `pixel_values` per distinct
+page plus the micro-batch being computed, never a copy per sample. The image processor works on
+each image on its own, so the concatenation equals its output for the sample's list (the tests
+compare them bit for bit).
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import uuid
 from typing import Any, Callable, Optional, Sequence
+
+from ..image_inputs import SharedImageInputs
 
 _MM_KEYS = "vrag_mm_keys"
 _MM_INPUTS = "vrag_mm_inputs"
@@ -28,6 +35,8 @@ def image_fingerprint(image: Any) -> str:
 
     Unknown kinds get a fresh random key: never shared, never wrongly reused.
     """
+    if isinstance(image, dict) and isinstance(getattr(image, "key", None), str):  # core.pages.PageEntry
+        return "page:" + image.key
     if isinstance(image, str):
         return "path:" + image
     if isinstance(image, (bytes, bytearray, memoryview)):
@@ -72,17 +81,23 @@ def build_multi_modal_inputs(multi_modal_data: Sequence[Any], keys: Sequence[Any
                              process_image: Callable, process_video: Callable,
                              min_pixels: Optional[int], max_pixels: Optional[int],
                              video_fps: float) -> list:
-    """Image-processor outputs per sample, computed once per distinct key."""
+    """Image-processor inputs per sample: each distinct image processed once (samples share the
+    outputs; `keys` from `sample_cache_keys`), videos per distinct sample as EasyR1 does."""
+    per_image: dict = {}  # fingerprint -> the processor's outputs for that image alone
     done: dict = {}
     out = []
     for data, key in zip(multi_modal_data, keys):
         if key not in done:
             data = data or {}
-            images = [process_image(x, min_pixels, max_pixels) for x in (data.get("images") or ())]
-            videos = [process_video(x, min_pixels, max_pixels, video_fps) for x in (data.get("videos") or ())]
+            images = list(data.get("images") or ())
             if images:
-                done[key] = dict(processor.image_processor(images=images, return_tensors="pt"))
-            elif videos:
+                for image, fingerprint in zip(images, key[1]):
+                    if fingerprint not in per_image:
+                        pixels = process_image(image, min_pixels, max_pixels)
+                        per_image[fingerprint] = dict(processor.image_processor(images=[pixels], return_tensors="pt"))
+                done[key] = SharedImageInputs([per_image[fingerprint] for fingerprint in key[1]])
+            elif data.get("videos"):
+                videos = [process_video(x, min_pixels, max_pixels, video_fps) for x in data["videos"]]
                 done[key] = dict(processor.image_processor(images=None, videos=videos, return_tensors="pt"))
             else:
                 done[key] = {}

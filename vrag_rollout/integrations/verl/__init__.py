@@ -9,6 +9,8 @@
 - `guard`: the live guard in verl's path: `GuardedAgentLoopWorker` inspects each batch after
   verl's postprocessing, `GuardedAgentLoopManager` (verl's `agent_loop_manager_class`) spawns such
   workers and puts the `guard/` counts and per-turn drift into the trainer's metrics.
+- `pages`: `PagedAgentLoopWorker`, whose trajectories share each page's image-processor outputs
+  (the processor runs once per distinct page); the guard's worker is one.
 - `peer_tools`: verl `BaseTool`s `search` and `fetch` over the project's retriever, for running
   verl's own `tool_agent` loop side by side with `vrag_agent` (scripts/bench_verl.py).
 """

@@ -274,6 +274,8 @@ class VragAgentLoop(AgentLoopBase):
     def _output(self, episode: Episode, prompt_ids: list[int], clock: ScheduleClock, steps: dict) -> AgentLoopOutput:
         driver = self.driver
         images = list(episode.prompt_images) + [page.image for page in episode.images]
+        # the batch column holds the pages' shared entries (their bytes), never pixels per sample
+        entries = list(episode.prompt_images) + [page.entry for page in episode.images]
         extra = {"termination_reason": episode.termination, "page_ids": [list(p) for p in episode.page_ids],
                  "budget_overflow": episode.budget_overflow, "num_searches": episode.searches,
                  "num_fetches": episode.fetches, "num_crops": episode.crops,
@@ -287,7 +289,7 @@ class VragAgentLoop(AgentLoopBase):
                  # batch-level meta): `vrag-rollout check` reads it from this column
                  "rollout_meta": self.rollout_meta,
                  # the images again as a column: what `vrag-rollout check` and the viewer read
-                 "multi_modal_data": {"images": images},
+                 "multi_modal_data": {"images": entries},
                  # verl's reward manager adds this column's entries to the reward's extra_info
                  "tool_extra_fields": {"page_ids": [list(p) for p in episode.page_ids]},
                  **steps}

@@ -55,12 +55,13 @@ import logging
 from typing import Any, Optional
 
 import torch
-from verl.experimental.agent_loop.agent_loop import AgentLoopManager, AgentLoopWorker, _agent_loop_registry
+from verl.experimental.agent_loop.agent_loop import AgentLoopManager, _agent_loop_registry
 
 from ...config import AgentRolloutConfig
 from ...verify.drift import old_log_prob_drift
 from ...verify.guard import LiveGuard, batch_counts
 from .agent_loop import AGENT_NAME, agent_config
+from .pages import PagedAgentLoopWorker
 
 logger = logging.getLogger(__name__)
 MANAGER_CLASS = "vrag_rollout.integrations.verl.guard.GuardedAgentLoopManager"
@@ -99,8 +100,9 @@ def attach_turn_ids(batch: Any) -> bool:
     return True
 
 
-class GuardedAgentLoopWorker(AgentLoopWorker):
-    """verl's worker whose postprocessed batches go through the live guard (module docstring)."""
+class GuardedAgentLoopWorker(PagedAgentLoopWorker):
+    """verl's worker whose postprocessed batches go through the live guard (module docstring),
+    its pages processed once (`pages.PagedAgentLoopWorker`)."""
 
     guard_rank = 0
     _live: Any = _UNBUILT
