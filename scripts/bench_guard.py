@@ -46,12 +46,16 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import functools
 import pstats
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vrag_rollout.devkit.scripted_sampler import ScriptedSampler  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "sample_retrieval.json"
@@ -69,42 +73,6 @@ CHECKS = (
     ("observations.py", "check_observations"), ("observations.py", "check_native_observations"),
     ("turns.py", "check_turns"), ("groups.py", "check_groups"), ("positions.py", "check_positions"),
 )
-
-
-class ScriptedSampler:
-    """Stands in for the engine's `generate` in the 8k case: per request, `<think>` + random words
-    cut to `thought_tokens` tokens + `</think><fetch>image, k</fetch>`, seeded by the request's
-    own seed (samples of one prompt differ), stopped at the fetch's close tag as vLLM's stop
-    string stops it, or cut at the request's `max_tokens` (a length stop)."""
-
-    WORDS = ("page", "report", "table", "figure", "total", "region", "margin", "plant", "safety", "level",
-             "check", "value", "number", "year", "section", "energy", "device", "manual", "result", "look")
-
-    def __init__(self, tokenizer: Any, thought_tokens: int):
-        self.tokenizer, self.thought_tokens = tokenizer, thought_tokens
-
-    def turn(self, seed: int) -> list[int]:
-        import random
-
-        draw = random.Random(seed)
-        encode = functools.partial(self.tokenizer.encode, add_special_tokens=False)
-        words = " ".join(draw.choice(self.WORDS) for _ in range(self.thought_tokens))
-        thought = encode(words)[:self.thought_tokens]  # exactly that many tokens, whatever a word takes
-        return encode("<think>") + thought + encode(f"</think><fetch>image, {draw.randint(1, 3)}</fetch>")
-
-    def generate(self, prompts: Any, params: Any) -> list:
-        from vrag_rollout.turn_output import LENGTH, STOP, TurnOutput
-
-        outputs = []
-        for param in params:
-            ids = self.turn(param.seed)
-            cut = len(ids) > param.max_tokens
-            ids = ids[:param.max_tokens]
-            outputs.append(TurnOutput(
-                token_ids=tuple(ids), text=self.tokenizer.decode(ids), finish_reason=LENGTH if cut else STOP,
-                stop_reason=None if cut else "</fetch>",
-                logprobs=tuple(-1.0 for _ in ids) if param.logprobs is not None else None))
-        return outputs
 
 
 def page_tokens(processor: Any, config: Any) -> int:

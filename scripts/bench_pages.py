@@ -28,7 +28,19 @@ Goals (issue 36) at 32x8, real-size: pickled image column within 1.5x of the dis
 bytes; pixel_values held at most one micro-batch plus one copy per distinct page; processor calls
 equal to distinct pages.
 
+Second part, CPU per turn at growing concurrency (--trajectories, 8 samples a prompt): the
+rollout's own work (turn loop, retrieval replay, page decoding, observations, batch assembly)
+with real-size pages served at their band size (the recorded answers' pages swapped for
+real-size JPEGs; the band 256-1,008 visual tokens), every turn fetching a page until the
+4,608-token budget is spent (4 pages a trajectory). The model's sampling is scripted
+(`devkit.scripted_sampler`), so nothing but the rollout's CPU is measured. Each size runs twice
+in one process, side by side: pages once, and one decode per page reference (the page cache
+disabled: what main did, a fresh decoded page for every sample and turn). Printed per run: user
+and system CPU per turn (all threads, `getrusage`), minor page faults per turn, and the batch
+assembly's time.
+
     .venv/bin/python scripts/bench_pages.py [--sizes 4x2,8x4,16x8,32x8] [--micro-batch 4]
+        [--trajectories 32,128,512] [--parts batch,concurrency]
 """
 
 from __future__ import annotations
@@ -200,6 +212,88 @@ def report(label: str, batch: Any, column: np.ndarray, processor: Any, args: Any
             "bound_pixels": sum(trainer["page_bytes"].values())}
 
 
+class NoSharing:
+    """A page cache that never finds a page: one decode per reference, as main decoded."""
+
+    hits = misses = 0
+
+    def get(self, key: Any, decode: Any) -> Any:
+        self.misses += 1
+        return decode()
+
+
+def real_size_fixture(pages: list[bytes], folder: Path) -> Path:
+    """The recorded retrieval with each recorded page image swapped for a real-size one."""
+    import base64
+    import json
+
+    data = json.loads(FIXTURES.read_text())
+    data["blobs"] = {key: base64.b64encode(pages[k % len(pages)]).decode()
+                     for k, key in enumerate(sorted(data["blobs"]))}
+    path = folder / "real_size_retrieval.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def concurrency_run(model_dir: Path, processor: Any, fixture: Path, trajectories: int, share: bool) -> dict:
+    import resource
+
+    from vrag_rollout.devkit.demo import demo_config, demo_prompts, demo_questions
+    from vrag_rollout.devkit.scripted_sampler import ScriptedSampler
+    from vrag_rollout.rollout.agent import vLLMRolloutAgent
+
+    width, height = REAL_SIZE
+    config = demo_config(retriever_fixtures=str(fixture), n=8, rollout_mode="sync", response_length=4608,
+                         max_turns=6, max_images_per_sample=6, page_min_pixels=256 * 28 * 28,
+                         page_max_pixels=width * height)
+    agent = vLLMRolloutAgent(str(model_dir), config, processor.tokenizer, processor, inference_engine=object())
+    agent.engine = ScriptedSampler(processor.tokenizer, 16)
+    if not share:
+        agent.driver.observer.pages = NoSharing()
+    assemble, assembly = agent.driver.assemble, []
+
+    def timed_assemble(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return assemble(*args, **kwargs)
+        finally:
+            assembly.append(time.perf_counter() - start)
+
+    agent.driver.assemble = timed_assemble
+    questions = (demo_questions() * trajectories)[:trajectories // 8]
+    prompts = demo_prompts(processor.tokenizer, processor, questions, config)
+    before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    batch = agent.generate_sequences(prompts)
+    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
+    turns = int(sum(batch.non_tensor_batch["num_turns"]))
+    return {"turns": turns, "wall": wall, "user": (after.ru_utime - before.ru_utime) / turns,
+            "sys": (after.ru_stime - before.ru_stime) / turns,
+            "faults": (after.ru_minflt - before.ru_minflt) / turns, "assembly": assembly[-1],
+            "refs": sum(len(retrieved_row) for retrieved_row in retrieved(batch.non_tensor_batch["multi_modal_data"]))}
+
+
+def concurrency_part(model_dir: Path, processor: Any, pages: list[bytes], sizes: list[int]) -> None:
+    print("\nCPU per turn, real-size pages, scripted sampling (rollout CPU only):")
+    print(f"  {'trajectories':>12} {'pages':<13} {'turns':>6} {'refs':>6} {'user ms/turn':>13} {'sys ms/turn':>12} "
+          f"{'faults/turn':>12} {'assembly s':>11} {'wall s':>7}")
+    results: dict = {}
+    with tempfile.TemporaryDirectory() as folder:
+        fixture = real_size_fixture(pages, Path(folder))
+        concurrency_run(model_dir, processor, fixture, 8, True)  # warm-up: first-use costs, not measured
+        for trajectories in sizes:
+            for share in (True, False):
+                run = results[(trajectories, share)] = concurrency_run(model_dir, processor, fixture, trajectories, share)
+                label = "once" if share else "per reference"
+                print(f"  {trajectories:>12} {label:<13} {run['turns']:>6} {run['refs']:>6} {run['user'] * 1e3:>13.2f} "
+                      f"{run['sys'] * 1e3:>12.2f} {run['faults']:>12.0f} {run['assembly']:>11.3f} {run['wall']:>7.1f}")
+    low, high = sizes[0], sizes[-1]
+    for share, label in ((True, "pages once"), (False, "per reference")):
+        a, b = results[(low, share)], results[(high, share)]
+        print(f"  {label}: CPU per turn at {high} / at {low} trajectories: user {b['user'] / a['user']:.2f}x, "
+              f"system {b['sys'] / max(a['sys'], 1e-9):.2f}x; assembly {b['assembly'] / a['assembly']:.1f}x "
+              f"for {high / low:.0f}x the trajectories")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="4x2,8x4,16x8,32x8", help="prompts x n, comma separated")
@@ -207,8 +301,11 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=4, help="samples per actor micro-batch")
     parser.add_argument("--before-refs", type=int, default=64,
                         help="references whose per-reference pickling is measured for main's column")
+    parser.add_argument("--trajectories", default="32,128,512", help="concurrency part: trajectories per run")
+    parser.add_argument("--parts", default="batch,concurrency")
     args = parser.parse_args()
     sizes = [tuple(int(x) for x in size.split("x")) for size in args.sizes.split(",")]
+    parts = args.parts.split(",")
 
     from transformers import AutoProcessor
 
@@ -219,6 +316,13 @@ def main() -> None:
     model_dir, _ = demo_model("qwen2-vl")
     processor = AutoProcessor.from_pretrained(model_dir)
     pages = real_pages()
+    if "batch" in parts:
+        batch_part(model_dir, processor, pages, sizes, args)
+    if "concurrency" in parts:
+        concurrency_part(model_dir, processor, pages, [int(x) for x in args.trajectories.split(",")])
+
+
+def batch_part(model_dir: Path, processor: Any, pages: list[bytes], sizes: list, args: Any) -> None:
     llm = None
     results = {}
     for prompts, n in sizes:

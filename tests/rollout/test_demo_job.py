@@ -59,6 +59,17 @@ def test_the_region_demo_looks_closer_and_prints_its_crops(tmp_path, tiny_model_
         if count:
             assert columns["image_regions"][row][0] is None  # a whole page was shown before its crops
     assert result["report"].ok, result["report"].human()
+    # pages once: every sample shown a page holds its one entry; a crop is never its page's entry
+    entries = [list(item["images"]) for item in columns["multi_modal_data"]]
+    one_each: dict = {}
+    for row in entries:
+        for entry in row:
+            assert one_each.setdefault(entry.key, entry) is entry
+    assert sum(len(row) for row in entries) > len(one_each)
+    shown = [(entry.key, region) for row, regions in zip(entries, columns["image_regions"])
+             for entry, region in zip(row, regions)]
+    crops, pages = {key for key, region in shown if region}, {key for key, region in shown if not region}
+    assert crops and not crops & pages
 
     printed = capsys.readouterr().out.splitlines()
     header = next(i for i, line in enumerate(printed) if line.split()[:2] == ["#", "doc"])

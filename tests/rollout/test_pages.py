@@ -9,10 +9,11 @@ import pickle
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from tests.rollout.agent_helpers import cover_image
-from vrag_rollout.core.pages import PageCache, PageEntry, pixels
+from vrag_rollout.core.pages import PageCache, PageEntry, content_key, pixels
 from vrag_rollout.core.vision import PixelBand, decode_page, decode_page_file, fit_to_band
 from vrag_rollout.integrations.easyr1.images import build_multi_modal_inputs, sample_cache_keys
 from vrag_rollout.integrations.image_inputs import SharedImageInputs
@@ -77,6 +78,12 @@ def test_entries_are_immutable_and_copies_are_the_same_page():
     assert entry._image is None
 
 
+def test_any_served_content_has_a_key():
+    assert content_key("QUJD") == content_key(b"QUJD")  # base64 text and its ASCII bytes: one page
+    assert content_key("QUJD") != content_key("QUJE")
+    assert len(content_key("not base64: é \udc80")) == 32  # malformed text is keyed, then fails to decode
+
+
 def test_the_cache_decodes_a_page_once_and_lets_it_go_with_its_last_holder():
     cache, calls = PageCache(), []
     raw = encoded(cover_image(6).resize((196, 252)))
@@ -121,6 +128,13 @@ def test_observer_gives_every_sample_fetching_a_page_the_same_entry_and_a_crop_i
     a, b, c = (result.observation.images[0] for result in (first, second, cropped))
     assert a.entry is b.entry and a.image is b.image
     assert c.entry.key != a.entry.key
+    assert observer.pages.misses == 2  # the page and the crop
+
+    # the trainer's band narrowed between rollout calls: the same answer is another page
+    observer.band = PixelBand(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
+    (narrowed,) = observer.observe_turn([(Fetch("image", 2), served(page, "doc_2"), 10_000, 4)])
+    d = narrowed.observation.images[0]
+    assert d.entry.key != a.entry.key and d.image.width * d.image.height <= 28 * 28 * 16
 
 
 def test_easyr1_inputs_per_distinct_page_equal_the_processors_per_sample(tiny_processor):
@@ -145,8 +159,14 @@ def test_easyr1_inputs_per_distinct_page_equal_the_processors_per_sample(tiny_pr
             calls.append(len(images))
             return tiny_processor.image_processor(images=images, **kwargs)
 
+    def process_image(image, min_pixels, max_pixels):  # EasyR1's reading: a dict's bytes through PIL
+        if isinstance(image, dict):
+            image = Image.open(io.BytesIO(image["bytes"]))
+        image.load()
+        return image.convert("RGB")
+
     keys = sample_cache_keys(column, ["u0", "u0", "u1", "u2", "u3"])
-    got = build_multi_modal_inputs(column, keys, Counting(), lambda image, lo, hi: pixels(image), None, None, None, 2.0)
+    got = build_multi_modal_inputs(column, keys, Counting(), process_image, None, None, None, 2.0)
     assert sum(calls) == 4  # the prompt image and three pages, each once
     for images, inputs in zip(column, got):
         if not images["images"]:
@@ -158,3 +178,23 @@ def test_easyr1_inputs_per_distinct_page_equal_the_processors_per_sample(tiny_pr
         for name in want.keys():
             assert inputs[name].dtype == want[name].dtype
             assert np.array_equal(inputs[name].numpy(), want[name].numpy()), name
+
+
+def test_shared_inputs_read_write_copy_and_pickle_as_a_dict():
+    """The trainers treat a sample's inputs as a dict: every dict method sees the stacked keys,
+    a copy is independent, and a pickle of many samples carries each shared part once."""
+    parts = [{"pixel_values": torch.full((2, 3), float(k)), "image_grid_thw": torch.tensor([[1, 1, 2]])}
+             for k in range(2)]
+    inputs = SharedImageInputs(parts, {"images_seqlens": torch.tensor([2, 2])})
+    assert list(inputs) == ["pixel_values", "image_grid_thw", "images_seqlens"] == list(dict(inputs))
+    assert torch.equal(inputs["pixel_values"], torch.cat([parts[0]["pixel_values"], parts[1]["pixel_values"]]))
+    assert set({**inputs}) == set(inputs) and inputs.get("video_grid_thw") is None
+    assert np.array([inputs, inputs], dtype=object).shape == (2,)  # one object per sample, not a sequence
+    copied = inputs.copy()
+    copied.pop("pixel_values")
+    assert "pixel_values" in inputs and "pixel_values" not in copied
+    inputs.update(image_grid_thw=torch.zeros(1))
+    assert torch.equal(inputs["image_grid_thw"], torch.zeros(1))
+    many = pickle.loads(pickle.dumps([SharedImageInputs(parts) for _ in range(20)]))
+    assert all(sample.parts[0] is many[0].parts[0] for sample in many)
+    assert len(pickle.dumps([SharedImageInputs(parts) for _ in range(20)])) < 2 * len(pickle.dumps(parts))

@@ -1,8 +1,8 @@
 """Page entries: one shared, content-addressed copy of each distinct page a batch shows.
 
-A retrieved page is its encoded bytes. `PageEntry` is the dict `{"bytes": ...}` that EasyR1's and
-verl's image readers (and Hugging Face datasets' Image feature) already accept, plus `key`, a
-digest of those bytes, and `image`, the pixels decoded once, on first use. Every sample and turn
+A retrieved page is its encoded bytes. `PageEntry` is the dict `{"bytes": ...}` that EasyR1's
+`process_image` reads (Hugging Face datasets' Image feature writes the same), immutable, plus
+`key`, a digest of those bytes, and `image`, the pixels decoded once, on first use. Every sample and turn
 that shows a page holds the same entry, so a batch holds each distinct page once, and pickling
 the batch (Ray's hand-off to the workers, a saved batch) writes each page's bytes once: pickle
 shares repeated objects, and an entry pickles as its bytes, never its pixels.
@@ -12,9 +12,9 @@ Invariant: an entry's pixels are what any reader gets from its bytes: `Image.ope
 own bytes only when the page it shows the engine is exactly that (no resize, no transparency);
 otherwise the entry holds a lossless PNG of the page as shown.
 
-`PageCache` maps the retriever's content to the decoded page, so a page served again (the n
-samples of a group, later turns) is decoded once. It holds pages weakly: a page lives as long as
-an episode or a batch holds it.
+`PageCache` maps the retriever's content to the page's entry, so a page served again (the n
+samples of a group, later turns) is decoded once. It holds entries weakly: an entry lives as long
+as an episode or a batch holds it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from PIL import Image
 
 def content_key(data: bytes | str) -> str:
     """A digest of encoded content (bytes, or base64 text as served)."""
-    raw = data.encode("ascii", "surrogateescape") if isinstance(data, str) else bytes(data)
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)  # any text: never raises
     return hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
@@ -99,8 +99,10 @@ class PageEntry(dict):
     def __deepcopy__(self, memo: dict) -> "PageEntry":
         return self  # immutable content: a copy would only duplicate the page
 
-    def __setitem__(self, name: str, value: Any) -> None:
+    def _immutable(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError("a page entry is immutable: its key is the digest of its bytes")
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = __ior__ = _immutable
 
     def __repr__(self) -> str:
         return f"PageEntry(key={self.key[:12]}, {len(self['bytes'])} bytes)"

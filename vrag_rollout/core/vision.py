@@ -340,8 +340,9 @@ def decode_page(data: str | bytes, band: PixelBand) -> PageImage:
     A JPEG's header gives the band size before any pixel is decoded, so libjpeg-turbo decodes
     it straight to an RGB array (fast DCT and upsampling when shrinking), scaled
     in the DCT domain by 1/2, 1/4 or 1/8 when the page is that much larger than its band size;
-    no full-size PIL image is built. Other formats, CMYK JPEGs and broken data go to PIL.
-    (The grid comes from the header's size, exactly as fit_to_band computes it.)
+    no full-size PIL image is built. Other formats, CMYK JPEGs, pages already at their band
+    size (kept as served: `pages.PageEntry`) and broken data go to PIL. (The grid comes from the
+    header's size, exactly as fit_to_band computes it.)
     """
     return decode_page_file(_b64_bytes(data), band)
 
@@ -353,26 +354,38 @@ def decode_page_file(raw: bytes, band: PixelBand) -> PageImage:
         raise ImageDecodeError(f"image file must be bytes, got {type(raw).__name__}")
     if not raw:
         raise ImageDecodeError("image data is empty")
-    try:
-        h, w, colorspace, _ = simplejpeg.decode_jpeg_header(raw)
-        # PIL keeps the say on decompression bombs and on CMYK/YCCK colour conversion.
-        if colorspace in ("YCbCr", "Gray") and h * w <= (Image.MAX_IMAGE_PIXELS or math.inf):
-            height, width = band_size(h, w, band)
-            k = next((k for k in (8, 4, 2) if -(-h // k) >= height and -(-w // k) >= width), 1)
-            fast = h * w > height * width  # shrinking averages the fast DCT's/upsampling's errors away
-            pixels = simplejpeg.decode_jpeg(
-                raw, fastdct=fast, fastupsample=fast, min_factor=k, min_height=-(-h // k), min_width=-(-w // k)
-            )  # strict: a truncated or corrupt JPEG raises, and PIL below explains it
-            image = _resize(pixels, height, width)
-            # Not resized: exact decoding (no fast DCT), bit for bit what PIL decodes from the same
-            # bytes, so the retriever's bytes are the page.
-            return _page(image, band, PageEntry(raw, image=image) if (h, w) == (height, width) else None)
-    except ValueError:
-        pass
+    page = _shrunk_jpeg(bytes(raw), band)
+    if page is not None:
+        return page
     image, plain = _decode_pil(raw)
     if plain and band_size(image.height, image.width, band) == (image.height, image.width):
+        # Already the page, decoded as the trainers' readers decode it (PIL, whatever JPEG
+        # library each side links): the retriever's bytes are the page.
         return _page(image, band, PageEntry(raw, image=image))
     return fit_to_band(image, band)
+
+
+def _shrunk_jpeg(raw: bytes, band: PixelBand) -> Optional[PageImage]:
+    """A JPEG page larger than its band size, decoded by libjpeg-turbo straight into the band;
+    None for anything else (not a JPEG, CMYK, a decompression bomb, broken data, or a page
+    already at its band size: PIL decodes those, and explains what it cannot decode)."""
+    try:
+        h, w, colorspace, _ = simplejpeg.decode_jpeg_header(raw)
+    except ValueError:
+        return None
+    if colorspace not in ("YCbCr", "Gray") or h * w > (Image.MAX_IMAGE_PIXELS or math.inf):
+        return None
+    height, width = band_size(h, w, band)
+    if (height, width) == (h, w):
+        return None
+    k = next((k for k in (8, 4, 2) if -(-h // k) >= height and -(-w // k) >= width), 1)
+    fast = h * w > height * width  # shrinking averages the fast DCT's/upsampling's errors away
+    try:  # strict: a truncated or corrupt JPEG raises
+        pixels = simplejpeg.decode_jpeg(
+            raw, fastdct=fast, fastupsample=fast, min_factor=k, min_height=-(-h // k), min_width=-(-w // k))
+    except ValueError:
+        return None
+    return _page(_resize(pixels, height, width), band)
 
 
 def narrowed_band(band: Any, min_pixels: Optional[int], max_pixels: Optional[int]) -> Any:

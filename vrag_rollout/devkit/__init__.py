@@ -10,6 +10,7 @@ offline models of each family.
 - `learn_report`: the reward plot and the one-line summary of a run.
 - `tiny_model`: builds a family's tiny random model offline.
 - `tiny_families`: the per-family pieces of the tiny models (configs, templates).
+- `scripted_sampler`: a stand-in for the engine's sampling (always fetches a page), for benchmarks.
 - `planted_defects`: known batch defects planted into a trainer batch, for proving the live guard
   catches them where training runs.
 """

@@ -17,29 +17,34 @@ per sample, and a sample needs its `pixel_values` only while a micro-batch compu
 
 from __future__ import annotations
 
+import copy
 import threading
 import weakref
+from collections.abc import MutableMapping
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import torch
 
 
-class SharedImageInputs(dict):
+class SharedImageInputs(MutableMapping, dict):
     """One sample's image inputs: `parts` (per image, shared) stacked on read, plus `extra` keys
-    held as they are (e.g. verl's `images_seqlens`). Compares by identity (comparing would
-    concatenate pixels)."""
+    held as they are (e.g. verl's `images_seqlens`). A dict (numpy keeps it as one object, and
+    pydantic and `**` accept it) whose every method goes through the stacking; it compares by
+    identity (comparing would concatenate pixels)."""
 
     def __init__(self, parts: Sequence[Mapping[str, Any]], extra: Optional[Mapping[str, Any]] = None):
-        super().__init__(extra or {})
+        dict.__init__(self, extra or {})
         self._parts = list(parts)
         self._stacked = [name for name in (self._parts[0] if self._parts else ()) if not dict.__contains__(self, name)]
 
-    def _names(self) -> list[str]:
-        return self._stacked + list(dict.keys(self))
+    @property
+    def parts(self) -> list:
+        """Per image, its outputs (shared with every sample that shows it)."""
+        return self._parts
 
     def __getitem__(self, name: str) -> Any:
         if name in self._stacked:
-            return torch.cat([torch.as_tensor(part[name]) for part in self._parts], dim=0)
+            return stack(self._parts, (name,))[name]
         return dict.__getitem__(self, name)
 
     def __setitem__(self, name: str, value: Any) -> None:
@@ -57,41 +62,23 @@ class SharedImageInputs(dict):
         return name in self._stacked or dict.__contains__(self, name)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._names())
+        return iter(self._stacked + list(dict.keys(self)))
 
     def __len__(self) -> int:
         return len(self._stacked) + dict.__len__(self)
 
-    def keys(self) -> list[str]:  # type: ignore[override]
-        return self._names()
-
-    def values(self) -> list[Any]:  # type: ignore[override]
-        return [self[name] for name in self._names()]
-
-    def items(self) -> list[tuple[str, Any]]:  # type: ignore[override]
-        return [(name, self[name]) for name in self._names()]
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return self[name] if name in self else default
-
-    _MISSING = object()
-
-    def pop(self, name: str, default: Any = _MISSING) -> Any:
-        if name in self:
-            value = self[name]
-            del self[name]
-            return value
-        if default is SharedImageInputs._MISSING:
-            raise KeyError(name)
-        return default
+    # dict's own (C) methods read its storage only: these go through the mapping above
+    keys, items, values, get = MutableMapping.keys, MutableMapping.items, MutableMapping.values, MutableMapping.get
+    pop, popitem, clear = MutableMapping.pop, MutableMapping.popitem, MutableMapping.clear
+    update, setdefault = MutableMapping.update, MutableMapping.setdefault
 
     def copy(self) -> "SharedImageInputs":
-        return SharedImageInputs._restore(self._parts, list(self._stacked), dict(dict.items(self)))
+        return SharedImageInputs._restore(self._parts, self._stacked, dict(dict.items(self)))
 
     @staticmethod
     def _restore(parts: list, stacked: list, extra: dict) -> "SharedImageInputs":
         inputs = SharedImageInputs((), extra)
-        inputs._parts, inputs._stacked = parts, stacked
+        inputs._parts, inputs._stacked = list(parts), list(stacked)
         return inputs
 
     def __reduce__(self) -> tuple:
@@ -106,17 +93,12 @@ class SharedImageInputs(dict):
     __hash__ = object.__hash__
 
     def __repr__(self) -> str:
-        return f"SharedImageInputs({len(self._parts)} images, keys {self._names()})"
-
-    @property
-    def parts(self) -> list:
-        """Per image, its outputs (shared with every sample that shows it)."""
-        return self._parts
+        return f"SharedImageInputs({len(self._parts)} images, keys {list(self)})"
 
 
-def stack(parts: Sequence[Mapping[str, Any]]) -> dict:
-    """Per-image outputs stacked as the processor stacks a list's."""
-    return {name: torch.cat([torch.as_tensor(part[name]) for part in parts], dim=0) for name in parts[0]}
+def stack(parts: Sequence[Mapping[str, Any]], names: Optional[Sequence[str]] = None) -> dict:
+    """Per-image outputs stacked as the processor stacks a list's (all names, or `names`)."""
+    return {name: torch.cat([torch.as_tensor(part[name]) for part in parts], dim=0) for name in (names or parts[0])}
 
 
 class OncePerImage:
@@ -133,7 +115,17 @@ class OncePerImage:
         self.processed = 0  # images the wrapped processor ran on
 
     def __getattr__(self, name: str) -> Any:
+        if name in ("inner", "__wrapped__", "_outputs", "_lock", "_calls"):  # not set yet (unpickling)
+            raise AttributeError(name)
         return getattr(self.inner, name)
+
+    # A copy or a pickle is a fresh wrapper of the processor (the transformers processor deep-copies
+    # its attributes to serialize itself); the outputs computed so far stay with this one.
+    def __reduce__(self) -> tuple:
+        return OncePerImage, (self.inner,)
+
+    def __deepcopy__(self, memo: dict) -> "OncePerImage":
+        return OncePerImage(copy.deepcopy(self.inner, memo))
 
     def __call__(self, images: Any = None, *args: Any, videos: Any = None, **kwargs: Any) -> Any:
         flat = images if isinstance(images, (list, tuple)) else None
@@ -163,11 +155,14 @@ class OncePerImage:
             return known
         out = self.inner(images=[image], **{**kwargs, "return_tensors": "pt"})
         outputs = {name: out[name] for name in out.keys()}
+        try:  # forgotten with the image: an id is reused only after its object is gone
+            weakref.finalize(image, self._forget, key)
+        except TypeError:  # cannot be weakly referenced: not kept, so no stale id
+            return outputs
         with self._lock:
             if key not in self._outputs:
                 self._outputs[key] = outputs
                 self.processed += 1
-                weakref.finalize(image, self._forget, key)
             return self._outputs[key]
 
     def _forget(self, key: tuple[int, str]) -> None:

@@ -214,7 +214,8 @@ class Observer:
 
     def _decode(self, page: RetrievedPage) -> Any:
         """The page, decoded once however often it is served (None: undecodable)."""
-        entry = self.pages.get(content_key(page.contents), lambda: self._decode_new(page))
+        # the band is part of the key: the trainer's band may narrow it between rollout calls
+        entry = self.pages.get((content_key(page.contents), self.band), lambda: self._decode_new(page))
         return None if entry is None else page_of(entry, self.band)
 
     def _decode_new(self, page: RetrievedPage) -> Any:

@@ -145,10 +145,10 @@ class SavedBatch:
             raise NotABatchError(f"saved batch lacks {missing}")
         if version >= 2:
             pages = list(data.get("pages") or [])
-            try:
-                images = [[pages[k] for k in row] for row in data["images"]]
-            except (IndexError, TypeError) as e:
-                raise NotABatchError(f"saved batch's image references do not match its {len(pages)} pages") from e
+            refs = [list(row) for row in data["images"]]
+            if not all(isinstance(k, int) and 0 <= k < len(pages) for row in refs for k in row):
+                raise NotABatchError(f"saved batch's image references do not match its {len(pages)} pages")
+            images = [[pages[k] for k in row] for row in refs]
         else:
             images = [list(row) for row in data["images"]]
         return cls(

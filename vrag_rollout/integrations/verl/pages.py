@@ -29,9 +29,13 @@ from ..image_inputs import OncePerImage, SharedImageInputs
 
 
 def once_per_image(processor: Any) -> Optional[OncePerImage]:
-    """The processor's image processor, made `OncePerImage` (in place, once); None without one."""
+    """The processor's image processor, made `OncePerImage` (in place, once); None for a
+    processor other than the Qwen VL families' (whose image processor works per image, the
+    premise of stacking per-image outputs)."""
     image_processor = getattr(processor, "image_processor", None)
-    if image_processor is None:
+    per_image = isinstance(image_processor, OncePerImage) or any(
+        cls.__name__.startswith("Qwen2VLImageProcessor") for cls in type(image_processor).__mro__)
+    if not per_image:
         return None
     if not isinstance(image_processor, OncePerImage):
         image_processor = processor.image_processor = OncePerImage(image_processor)
@@ -71,8 +75,10 @@ class PagedAgentLoopWorker(AgentLoopWorker):
         return inputs
 
     async def _agent_loop_postprocess(self, output: Any, validate: bool, **kwargs: Any) -> Any:
-        internal = await super()._agent_loop_postprocess(output, validate, **kwargs)
-        shared = self._shared_by_output().pop(id(output), None)
+        try:
+            internal = await super()._agent_loop_postprocess(output, validate, **kwargs)
+        finally:  # never left behind for a later output that reuses this id
+            shared = self._shared_by_output().pop(id(output), None)
         if shared is not None:
             # verl's output model validated the inputs into a plain dict of stacked tensors (one
             # copy per trajectory): put the shared ones back (no validation on assignment)
