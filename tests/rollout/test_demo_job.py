@@ -68,8 +68,9 @@ def test_the_region_demo_looks_closer_and_prints_its_crops(tmp_path, tiny_model_
     assert sum(len(row) for row in entries) > len(one_each)
     shown = [(entry.key, region) for row, regions in zip(entries, columns["image_regions"])
              for entry, region in zip(row, regions)]
-    crops, pages = {key for key, region in shown if region}, {key for key, region in shown if not region}
-    assert crops and not crops & pages
+    crop_keys = {key for key, region in shown if region}
+    page_keys = {key for key, region in shown if not region}
+    assert crop_keys and not crop_keys & page_keys
 
     printed = capsys.readouterr().out.splitlines()
     header = next(i for i, line in enumerate(printed) if line.split()[:2] == ["#", "doc"])

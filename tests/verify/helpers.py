@@ -14,6 +14,7 @@ from PIL import Image, ImageDraw
 from tests.conftest import SAMPLE_RETRIEVAL
 from tests.rollout.agent_helpers import make_agent, prompt_batch
 from vrag_rollout.devkit import planted_defects
+from vrag_rollout.core.pages import pixels
 from vrag_rollout.retrieval.fixtures import FixtureTransport
 from vrag_rollout.retrieval.client import RetrieverClient
 from vrag_rollout.verify.saved_batch import save_rollout
@@ -59,7 +60,7 @@ def pickled_trainer_batch(output: Any, path: Path) -> Path:
         entries = []
         for image in item["images"]:
             buf = io.BytesIO()
-            image.save(buf, format="PNG")
+            pixels(image).save(buf, format="PNG")
             entries.append({"bytes": buf.getvalue(), "path": None})
         mm.append({"image": entries})
     columns = {k: v for k, v in output.non_tensor_batch.items() if k != "multi_modal_data"}
