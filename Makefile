@@ -26,3 +26,4 @@ bench: setup
 	$(PY) scripts/bench_observation.py
 	$(PY) scripts/bench_retriever.py
 	$(PY) scripts/bench_schedules.py
+	$(PY) scripts/bench_pages.py
