@@ -98,7 +98,7 @@ class Observer:
         Every image page of the turn is decoded in one parallel pass (the decoder releases the GIL).
         """
         pages = [page for _, outcome, _, _ in items for page in _image_pages(outcome)]
-        decoded = dict(zip(map(id, pages), self.decoder.map(self._decode, pages)))
+        decoded = self._decode_all(pages)
         return [self._observe(action, outcome, budget, slots, decoded) for action, outcome, budget, slots in items]
 
     def _observe(self, action: Union[Search, Fetch, Crop], outcome: Outcome, budget: int, image_slots: int,
@@ -137,7 +137,7 @@ class Observer:
         not fit the budget or the image slots are left out from the last one back (their ids
         stay, marked as left out); None when not even the texts fit."""
         pages = [page for outcome in outcomes for page in _image_pages(outcome)]
-        decoded = dict(zip(map(id, pages), self.decoder.map(self._decode, pages)))
+        decoded = self._decode_all(pages)
         answers, counts = [], ObservationResult(None)
         for call, outcome in zip(calls, outcomes):
             images, text = self._tool_answer(call, outcome, decoded, counts)
@@ -212,11 +212,18 @@ class Observer:
                            dropped_images=sum(len(imgs) for imgs, _ in answers) - len(images),
                            image_regions=regions if any(regions) else ())
 
-    def _decode(self, page: RetrievedPage) -> Any:
-        """The page, decoded once however often it is served (None: undecodable)."""
+    def _decode_all(self, pages: Sequence[RetrievedPage]) -> dict:
+        """id(page) -> its PageImage (None: undecodable), each distinct page decoded once (in
+        parallel: the decoder releases the GIL), however often it is served."""
         # the band is part of the key: the trainer's band may narrow it between rollout calls
-        entry = self.pages.get((content_key(page.contents), self.band), lambda: self._decode_new(page))
-        return None if entry is None else page_of(entry, self.band)
+        keys = [(content_key(page.contents), self.band) for page in pages]
+        distinct = dict(zip(keys, pages))
+        entries = dict(zip(distinct, self.decoder.map(self._entry, distinct, distinct.values())))
+        return {id(page): None if entries[key] is None else page_of(entries[key], self.band)
+                for page, key in zip(pages, keys)}
+
+    def _entry(self, key: tuple, page: RetrievedPage) -> Any:
+        return self.pages.get(key, lambda: self._decode_new(page))
 
     def _decode_new(self, page: RetrievedPage) -> Any:
         try:
