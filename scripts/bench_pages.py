@@ -177,6 +177,15 @@ def before_pickled_bytes(column: np.ndarray, refs: int, sample_refs: int) -> flo
     return len(pickle.dumps(copies, protocol=pickle.HIGHEST_PROTOCOL)) / max(len(copies), 1) * refs
 
 
+def pixel_values_bytes(entry: Any, processor: Any) -> int:
+    """float32 `pixel_values` of one page, from its size alone: (H/p)(W/p) patches of
+    3 x temporal x p x p values (the bound for one copy of the page)."""
+    ip = processor.image_processor
+    patch, temporal = int(ip.patch_size), int(ip.temporal_patch_size)
+    width, height = entry.size
+    return (height // patch) * (width // patch) * 3 * temporal * patch * patch * 4
+
+
 def report(label: str, batch: Any, column: np.ndarray, processor: Any, args: Any) -> dict:
     rows = retrieved(column)
     refs = sum(len(row) for row in rows)
@@ -209,7 +218,7 @@ def report(label: str, batch: Any, column: np.ndarray, processor: Any, args: Any
           f"(main: {before_held / mb:9.1f} MB, {before_held / max(trainer['held'] + trainer['peak'], 1):6.1f}x)")
     return {"refs": refs, "distinct": len(distinct), "column_ratio": column_bytes / encoded,
             "calls": trainer["calls"], "held": trainer["held"], "peak": trainer["peak"],
-            "bound_pixels": sum(trainer["page_bytes"].values())}
+            "bound_pixels": sum(pixel_values_bytes(entry, processor) for entry in distinct.values())}
 
 
 class NoSharing:
@@ -337,9 +346,10 @@ def batch_part(model_dir: Path, processor: Any, pages: list[bytes], sizes: list,
     print(f"\ngoals at {prompts}x{n}, real-size pages:")
     print(f"  pickled image column / distinct pages' bytes: {real['column_ratio']:.2f}x "
           f"(goal <= {GOAL_COLUMN_RATIO}x): {'met' if real['column_ratio'] <= GOAL_COLUMN_RATIO else 'MISSED'}")
-    ok = real["held"] <= real["bound_pixels"] and real["peak"] >= 0
-    print(f"  pixel_values held: one per distinct page ({real['held'] / 1e6:.1f} MB) + one micro-batch "
-          f"({real['peak'] / 1e6:.1f} MB): {'met' if ok else 'MISSED'}")
+    ok = real["held"] <= real["bound_pixels"]  # the micro-batch is stacked on read and let go
+    print(f"  pixel_values held across the step: {real['held'] / 1e6:.1f} MB, one copy per distinct page "
+          f"{real['bound_pixels'] / 1e6:.1f} MB (plus, while it computes, one micro-batch: {real['peak'] / 1e6:.1f} MB): "
+          f"{'met' if ok else 'MISSED'}")
     print(f"  processor calls {real['calls']} = distinct pages {real['distinct']}: "
           f"{'met' if real['calls'] == real['distinct'] else 'MISSED'}")
 
