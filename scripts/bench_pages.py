@@ -155,19 +155,16 @@ def trainer_side(column: np.ndarray, processor: Any, micro_batch: int) -> dict:
     cpu = time.process_time() - start
     parts = {}
     for sample in inputs:
-        for part in getattr(sample, "_parts", ()):
+        for part in getattr(sample, "parts", ()):
             parts[id(part)] = part
     held = sum(part["pixel_values"].nbytes for part in parts.values())
     peak = 0
     for first in range(0, len(inputs), micro_batch):
         micro = [dict(sample.items()) for sample in inputs[first:first + micro_batch] if len(sample)]
         if micro:
-            peak = max(peak, sum(int(np.prod(x["pixel_values"].shape)) * 4 for x in micro))
-    per_page = [float(np.prod(part["pixel_values"].shape)) * 4 for part in parts.values()]
+            peak = max(peak, sum(x["pixel_values"].nbytes for x in micro))
     return {"calls": counting.calls, "cpu": cpu, "held": held, "peak": peak,
-            "processor_mean_s": float(np.mean(counting.seconds)) if counting.seconds else 0.0,
-            "page_bytes": {key: nbytes for key, nbytes in zip(parts, per_page)},
-            "inputs": inputs}
+            "processor_mean_s": float(np.mean(counting.seconds)) if counting.seconds else 0.0}
 
 
 def before_pickled_bytes(column: np.ndarray, refs: int, sample_refs: int) -> float:
@@ -201,11 +198,7 @@ def report(label: str, batch: Any, column: np.ndarray, processor: Any, args: Any
     before_column = before_pickled_bytes(column, refs, args.before_refs)
     trainer = trainer_side(column, processor, args.micro_batch)
     # main: every sample's pixel_values, one copy per reference; the processor run per reference
-    page_nbytes = {}
-    for row, sample in zip(rows, trainer["inputs"]):
-        for entry, part in zip(row, getattr(sample, "_parts", ())):
-            page_nbytes[entry.key] = part["pixel_values"].nbytes
-    before_held = sum(page_nbytes[entry.key] for row in rows for entry in row)
+    before_held = sum(pixel_values_bytes(entry, processor) for row in rows for entry in row)
     before_cpu = trainer["processor_mean_s"] * refs
     mb = 1e6
     print(f"  {label:<6} refs {refs:5d}  distinct {len(distinct):3d}  encoded {encoded / mb:8.2f} MB | "
