@@ -179,11 +179,16 @@ def build_parser() -> argparse.ArgumentParser:
                               "or JSON Lines of VRAG-style questions; otherwise the set's own released file")
     convert.add_argument("--from", dest="source_format",
                          choices=["vidoseek", "slidevqa", "mmlongbench-doc", "mmdocir", "longdocurl"],
-                         default="vidoseek",
-                         help="the source's layout: vidoseek (VRAG-style: uid, query, reference_answer, meta_info), "
+                         default=None,
+                         help="the source's layout (left out: your own questions in the vidoseek layout): vidoseek "
+                              "(VRAG-style: uid, query, reference_answer, meta_info), "
                               "slidevqa (annotations/qa/*.jsonl), mmlongbench-doc (data/samples.json), mmdocir "
                               "(MMDocIR_annotations.jsonl), longdocurl (LongDocURL*.jsonl); each set's fields and "
                               "page numbering are read as it releases them (vrag_rollout/data/sources.py)")
+    convert.add_argument("--scope", choices=["corpus", "document"], default=None,
+                         help="what the agent searches: the whole index (corpus: no doc_id, gold pages as "
+                              "[document, page]) or each question's own document; default: the set's own protocol, "
+                              "corpus for --from vidoseek and slidevqa (VRAG-RL's), document otherwise")
     convert.add_argument("--documents", type=Path, default=None,
                          help="also write here (JSON) the documents the index must hold: doc_id, file or folder "
                               "name, and whether it is a PDF or a folder of page images")
@@ -302,7 +307,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                                        val_fraction=args.val_fraction if args.val_out is not None else 0.0,
                                        split_of=args.split_by, layout=args.layout,
                                        source_format=args.source_format, documents_path=args.documents,
-                                       region_action=args.region_action)
+                                       region_action=args.region_action, scope=args.scope)
     return 2
 
 

@@ -87,7 +87,7 @@ def test_one_request_per_tool_kind_and_outcomes_in_call_order():
         ToolCall(0, Search("a"), "d1"),
         ToolCall(1, Fetch("text", 2), "d2"),
         ToolCall(2, Search("b"), "d3"),
-        ToolCall(3, Fetch("image", 1), None),  # a sample without a document never reaches the server
+        ToolCall(3, Fetch("image", 1), None),  # a fetch with no document to read never reaches the server
         ToolCall(4, Fetch("image", 4), "d1"),
     ]
     outcomes = call_retriever(calls, client, top_n=2)
@@ -98,4 +98,5 @@ def test_one_request_per_tool_kind_and_outcomes_in_call_order():
     assert fetch[1:] == (["text, 2", "image, 4"], ["d2", "d1"])
     assert outcomes[0][0].doc_id == "d1" and outcomes[2][0].doc_id == "d3"
     assert outcomes[1].page_id == "d2_2" and outcomes[4].page_id == "d1_4"
-    assert outcomes[3].kind == "server" and "no document" in outcomes[3].message
+    # corpus scope before any page was shown: the policy's mistake (`core.scope`), not a server fault
+    assert outcomes[3].kind == "request" and "search first" in outcomes[3].message

@@ -70,7 +70,9 @@ def sample_index():
 @pytest.mark.parametrize("layout", dataset.SOURCE_FORMATS)
 def test_a_converted_set_rolls_out_and_checks(layout, tmp_path, sample_index, tiny_model_dir, tiny_processor, tiny_llm):
     out = tmp_path / "train.parquet"
-    report = dataset.convert_dataset(written_in(layout, tmp_path), out, index_dir=sample_index, source_format=layout)
+    # document scope: the demo's recorded retrieval is per document (corpus scope: test_corpus_rollout)
+    report = dataset.convert_dataset(written_in(layout, tmp_path), out, index_dir=sample_index, source_format=layout,
+                                     scope="document")
     assert report.written == FACTS and not report.missing_documents and not report.pages_out_of_range, report
     assert all(count > 0 for count in pq.read_table(out).to_pydict()["page_count"])  # from the index
     samples, truths = questions.read_questions(out)

@@ -38,7 +38,10 @@ def rows_of(path: Path) -> list[dict]:
 
 
 def convert(tmp_path: Path, source_format: str, src: Path, **kwargs) -> tuple[list[dict], dataset.ConversionReport]:
+    """The set's rows in document scope unless `scope` says (each set's reading is what is tested
+    here; the corpus form and the per-set default scope are tested apart)."""
     out = tmp_path / f"{source_format}.parquet"
+    kwargs.setdefault("scope", "document")
     report = dataset.convert_dataset(src, out, source_format=source_format, **kwargs)
     return rows_of(out), report
 
@@ -379,7 +382,8 @@ def test_vidoseek_is_the_default_and_its_examples_wrapper_is_read(tmp_path):
                              "source_type": "Text", "query_type": "Multi-Hop"}}
     src = tmp_path / "vidoseek.json"
     src.write_text(json.dumps({"examples": [example, {**example, "uid": "b"}]}, indent=4))
-    for kwargs in ({}, {"source_format": "vidoseek"}):
+    # your own questions (no --from) search their documents; the named set in that scope reads alike
+    for kwargs in ({}, {"source_format": "vidoseek", "scope": "document"}):
         dataset.convert_dataset(src, tmp_path / "v.parquet", **kwargs)
         rows = rows_of(tmp_path / "v.parquet")
         assert [r["question_id"] for r in rows] == ["04d8bb0db929110f204723c56e5386c1d8d21587_2", "b"]

@@ -13,6 +13,7 @@ Rule (tests/test_layers.py): imports only `core/` and the package's leaf modules
 - `vision`: page decoding and resizing into the processor's pixel band.
 - `pages`: page entries, one shared content-addressed copy per distinct page (and the decode cache).
 - `regions`: a box in a family's grounding frame mapped to fractions of the page (the region action).
+- `scope`: which document a call reads: the row's own, or in corpus scope the last page shown's.
 - `positions`: mrope position ids of a sequence with images.
 - `batch`: episodes assembled into the trainer's tensors and columns.
 - `prompt_images`: the images of a prompt, in the input's spellings.

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from .observation import Observation, Overflow
+from .scope import current_document
 
 # Why an episode ended. "budget": an observation did not fit the remaining response budget.
 TERMINATION_REASONS = (
@@ -71,6 +72,11 @@ class Episode:
     @property
     def remaining(self) -> int:
         return self.response_length - len(self.response_ids)
+
+    @property
+    def current_document(self) -> Optional[str]:
+        """The document a fetch reads: the row's, or in corpus scope the last page shown's (`scope`)."""
+        return current_document(self.doc_id, self.page_ids)
 
     @property
     def image_slots(self) -> int:

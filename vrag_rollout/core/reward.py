@@ -8,6 +8,11 @@ Contract (what `examples/reward_function/vrag.py` hands EasyR1's `AutoRewardMana
 
       {"answer": "...", "doc_id": "report", "gold_pages": [3, 5]}
 
+  or, for a question over the whole corpus (`convert-dataset --scope corpus`), no document and
+  each gold page as a (document, page) pair::
+
+      {"answer": "...", "doc_id": null, "gold_pages": [["report", 3], ["deck_7", 12]]}
+
   to which the integration's reward-manager patch adds, per sample, the page ids the episode was
   shown (the rollout's `page_ids` column, one list per observation, ids `<doc>_<page>`)::
 
@@ -28,7 +33,9 @@ Contract (what `examples/reward_function/vrag.py` hands EasyR1's `AutoRewardMana
     no response, however hostile, makes the reward raise);
   - `retrieval`: NDCG of the distinct pages the episode was shown, in the order first shown,
     against the gold pages (binary relevance, DCG = sum rel_i / log2(i + 1), ideal DCG over all
-    gold pages, so missing a gold page costs); 0 without gold pages or without pages shown;
+    gold pages, so missing a gold page costs); 0 without gold pages or without pages shown. A
+    page counts as (document, page): a page number of another document is not gold (gold page
+    numbers without any document named match the number in whatever document was shown);
   - `overall` = sum of weight x part over `accuracy`, `f1`, `format`, `retrieval`.
 
 `turn_retrieval_scores(turn_page_ids, ground_truth)` is a per-turn signal beside it: each turn's
@@ -107,10 +114,25 @@ def parse_ground_truth(raw: Any) -> GroundTruth:
     if not isinstance(raw.get("answer"), str):
         raise ValueError(f"ground truth object needs a string 'answer', got {raw!r}")
     pages = raw.get("gold_pages") or ()
-    if any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in pages):
-        raise ValueError(f"gold_pages must be page numbers >= 1, got {pages!r}")
+    gold = tuple(gold_page(page) for page in pages)
+    if None in gold:
+        raise ValueError(f"gold_pages must be page numbers >= 1 or [document, page] pairs, got {pages!r}")
     shown = tuple(tuple(str(x) for x in turn) for turn in (raw.get("page_ids") or ()))
-    return GroundTruth(answer=raw["answer"], doc_id=raw.get("doc_id"), gold_pages=tuple(pages), page_ids=shown)
+    return GroundTruth(answer=raw["answer"], doc_id=raw.get("doc_id"), gold_pages=gold, page_ids=shown)
+
+
+def _page_number(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def gold_page(value: Any) -> Any:
+    """A gold page as the ground truth writes it: a page number >= 1 (of the row's document) or a
+    (document, page) pair (corpus scope); None for anything else."""
+    if _page_number(value):
+        return value
+    if isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[0], str) and _page_number(value[1]):
+        return value[0], value[1]
+    return None
 
 
 # ---- answers ----
@@ -236,13 +258,10 @@ def retrieval_score(truth: GroundTruth) -> float:
     if not truth.gold_pages:
         return 0.0
     ranked = ranked_pages(truth.page_ids)
-    if truth.doc_id is not None:
-        relevant = {(truth.doc_id, page) for page in truth.gold_pages}
-    else:  # no document named: match page numbers of whatever document was shown
-        ranked = [page for _, page in ranked]
-        ranked = list(dict.fromkeys(ranked))
-        relevant = set(truth.gold_pages)
-    return ndcg(ranked, relevant)
+    numbers = {page for page in truth.gold_pages if not isinstance(page, tuple)}
+    if truth.doc_id is None and numbers:  # no document named: page numbers of whatever document was shown
+        return ndcg(list(dict.fromkeys(page for _, page in ranked)), numbers)
+    return ndcg(ranked, {page if isinstance(page, tuple) else (truth.doc_id, page) for page in truth.gold_pages})
 
 
 def turn_retrieval_scores(turn_page_ids: Sequence[Iterable[str]], ground_truth: Any) -> list[float]:

@@ -19,8 +19,8 @@ def convert_dataset_command(source: Path, out: Path, *, index_dir: Optional[Path
                             report_path: Optional[Path] = None, page_base: int = 1,
                             drop_missing: bool = False, action_format: str = "tags", val_out: Optional[Path] = None,
                             val_fraction: float = 0.0, split_of: str = "question", layout: str = "easyr1",
-                            source_format: str = "vidoseek", documents_path: Optional[Path] = None,
-                            region_action: bool = False) -> int:
+                            source_format: Optional[str] = None, documents_path: Optional[Path] = None,
+                            region_action: bool = False, scope: Optional[str] = None) -> int:
     """The CLI: convert, print a summary (and the report as JSON with `report_path`, the documents
     the index must hold as JSON with `documents_path`); 2 on bad input."""
     import sys
@@ -29,12 +29,12 @@ def convert_dataset_command(source: Path, out: Path, *, index_dir: Optional[Path
         report = convert_dataset(source, out, index_dir=index_dir, page_base=page_base, drop_missing=drop_missing,
                                  action_format=action_format, val_out=val_out, val_fraction=val_fraction,
                                  split_of=split_of, layout=layout, source_format=source_format,
-                                 region_action=region_action)
+                                 region_action=region_action, scope=scope)
         if documents_path is not None:
             from .sources import SourceError, list_documents
 
             try:
-                listed = [doc.to_dict() for doc in list_documents(source_format, source)]
+                listed = [doc.to_dict() for doc in list_documents(source_format or "vidoseek", source)]
             except SourceError as error:
                 raise DatasetError(error.where, error.field, error.message) from None
             Path(documents_path).write_text(json.dumps(listed, indent=1, ensure_ascii=False), encoding="utf-8")
@@ -70,6 +70,8 @@ def _print_summary(report: ConversionReport, out: Path, val_out: Optional[Path],
     else:
         print(f"wrote {report.written - report.validation} of {_count(report.rows, 'question')} to {out} and "
               f"{report.validation} to {val_out} (split by {split_of}){dropped}")
+    if report.scope == "corpus":
+        print("scope: corpus (each question searches the whole index; --scope document searches its own document)")
     if report.unanswerable:
         print(f"{_count(report.unanswerable, 'unanswerable question')} kept (\"answerable\": false in their answer)")
 

@@ -24,7 +24,7 @@ collate turns equal-length lists into a 2-D object array):
   integration adds the tool schemas to the system turn);
 - `answer`: a JSON object `{"answer", "doc_id", "gold_pages"}`, EasyR1's `ground_truth`, read by
   `vrag_rollout.core.reward`;
-- `doc_id`: the document the rollout searches;
+- `doc_id`: the document the rollout searches; null in corpus scope (below);
 - `gold_pages`: the gold pages as a JSON list (for reading; the reward uses `answer`);
 - `question_id`: the input's `uid` as a string (EasyR1 sets its own `uid` column per batch);
 - `page_count` (with an index only): the document's page count in that index, null for a
@@ -35,6 +35,14 @@ collate turns equal-length lists into a 2-D object array):
 `data_source`, `reward_model` (`{"ground_truth": <the answer JSON>, "style": "rule"}`),
 `extra_info` (`{"index", "question_id", "gold_pages"}`), `doc_id` and, with an index,
 `page_count`.
+
+`scope` says what the rollout searches (`formats.base.SCOPES`, `core.scope`): "document", each
+question's own document (the rows above), or "corpus", the whole index: `doc_id` is null, the
+prompt carries the format's corpus instructions, and each gold page is a `[document, page]` pair
+(`{"answer", "doc_id": null, "gold_pages": [["report", 3]]}`; `page_count` null). The default is
+the set's own protocol (`DEFAULT_SCOPES`: corpus for the named ViDoSeek and SlideVQA sets, as
+VRAG-RL trains them; document for the others and for your own questions, `source_format` None).
+The index checks below hold in both scopes (each question still has its document).
 
 With `val_out` and `val_fraction`, a stable share of the rows goes to a second parquet instead
 (`split_of`: by a hash of the question id, or of the document id so that no validation document
@@ -66,8 +74,8 @@ With a retriever index (`index_dir`; a path that is not one raises `IndexDirErro
   as positions).
 Nothing is dropped silently.
 
-`source_format` (`convert-dataset --from`) names the input's layout: "vidoseek" (the default) is
-the layout above; the public sets' own layouts ("slidevqa", "mmlongbench-doc", "mmdocir",
+`source_format` (`convert-dataset --from`) names the input's layout: "vidoseek" (or None, the
+default: your own questions) is the layout above; the public sets' own layouts ("slidevqa", "mmlongbench-doc", "mmdocir",
 "longdocurl") are read by `vrag_rollout.data.sources` (their fields, page bases and documents
 are described there, and for users in docs/datasets.md) into the same question records, their
 pages counted from 1. Errors are worded alike in every layout (a required field absent is
@@ -93,6 +101,7 @@ from retriever_server.indexing.suggest import no_index_at
 
 from .json_numbers import SourceNumber, loads
 from ..formats import FORMATS
+from ..formats.base import SCOPES
 from .prompts import AGENT_INSTRUCTIONS, instructions_for
 from .sources import MISSING, layout_hint
 
@@ -101,6 +110,9 @@ PAGE_COUNT = "page_count"  # AgentRolloutConfig.page_count_key's default
 SPLIT_KEYS = {"question": "question_id", "document": "doc_id"}
 LAYOUTS = ("easyr1", "verl")
 SOURCE_FORMATS = ("vidoseek", "slidevqa", "mmlongbench-doc", "mmdocir", "longdocurl")  # = sources.SOURCE_FORMATS
+# The sets VRAG-RL trains and scores over one merged corpus; the others search each question's
+# own document (their papers' protocol), as do your own questions (no source format).
+DEFAULT_SCOPES = {"vidoseek": "corpus", "slidevqa": "corpus"}
 VERL_AGENT_NAME = "vrag_agent"  # integrations/verl's registered loop
 
 
@@ -176,9 +188,10 @@ class ConversionReport:
     dropped: list = field(default_factory=list)              # question ids left out
     validation: int = 0  # of the written rows, those in the validation file
     unanswerable: int = 0  # of the written rows, those a public set marks unanswerable (kept)
+    scope: str = "document"  # the search scope the rows were written for
 
     def to_dict(self) -> dict:
-        return {"rows": self.rows, "written": self.written, "validation": self.validation,
+        return {"rows": self.rows, "written": self.written, "validation": self.validation, "scope": self.scope,
                 "unanswerable": self.unanswerable, "index": self.index,
                 "missing_documents": self.missing_documents,
                 "pages_out_of_range": self.pages_out_of_range, "missing_pages": self.missing_pages,
@@ -381,14 +394,24 @@ def _set_records(source_format: str, path: Path) -> Iterator[tuple[str, Any]]:
         raise DatasetError(error.where, error.field, error.message) from None
 
 
+def default_scope(source_format: Optional[str]) -> str:
+    """The search scope a set is converted for unless `--scope` says: the set's own protocol."""
+    return DEFAULT_SCOPES.get(source_format, "document")
+
+
 def convert_rows(path: Path, *, page_base: int = 1, documents: Optional[dict] = None,
                  drop_missing: bool = False, report: Optional[ConversionReport] = None,
-                 action_format: str = "tags", source_format: str = "vidoseek", region_action: bool = False,
-                 source_numbers: Optional[dict] = None) -> dict:
+                 action_format: str = "tags", source_format: Optional[str] = None, region_action: bool = False,
+                 source_numbers: Optional[dict] = None, scope: Optional[str] = None) -> dict:
     """Column lists for the parquet; `documents` ({doc_id: num_pages}) enables the index report,
     `source_numbers` ({doc_id: each page's own image number, page 1 first}, for the index's
     numbered image folders) the mapping of gold pages written as those numbers; `source_format`
-    names the input's layout (see the module docstring)."""
+    names the input's layout (None: your own questions in the VRAG layout) and `scope` the
+    search scope (None: `default_scope`; see the module docstring)."""
+    scope = scope or default_scope(source_format)
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+    source_format = source_format or "vidoseek"
     if page_base not in (0, 1):
         raise ValueError(f"page_base must be 0 or 1, got {page_base}")
     if action_format not in FORMATS:
@@ -436,17 +459,22 @@ def convert_rows(path: Path, *, page_base: int = 1, documents: Optional[dict] = 
                         report.pages_out_of_range.append(past)
                         report.dropped.append(qid)
                         continue
-        truth = {"answer": question.reference_answer, "doc_id": doc_id, "gold_pages": pages}
+        if scope == "corpus":  # no document to search: gold pages name theirs
+            gold: list = [[doc_id, page] for page in pages]
+            truth = {"answer": question.reference_answer, "doc_id": None, "gold_pages": gold}
+        else:
+            gold = pages
+            truth = {"answer": question.reference_answer, "doc_id": doc_id, "gold_pages": gold}
         if source is not None:
             truth["answerable"] = bool(question.model_extra["answerable"])
             report.unanswerable += not truth["answerable"]
-        columns["prompt"].append(make_prompt(question.query, instructions_for(action_format, region_action)))
+        columns["prompt"].append(make_prompt(question.query, instructions_for(action_format, region_action, scope)))
         columns["answer"].append(json.dumps(truth, ensure_ascii=False))
-        columns["doc_id"].append(doc_id)
-        columns["gold_pages"].append(json.dumps(pages))
+        columns["doc_id"].append(doc_id if scope == "document" else None)
+        columns["gold_pages"].append(json.dumps(gold, ensure_ascii=False))
         columns["question_id"].append(qid)
-        if documents is not None:
-            columns[PAGE_COUNT].append(documents.get(doc_id))
+        if documents is not None:  # a corpus row has no document of its own to count
+            columns[PAGE_COUNT].append(documents.get(doc_id) if scope == "document" else None)
         report.written += 1
     if not report.rows:
         raise DatasetError("file", "<questions>", f"no questions in it, nothing to write ({EXPECTED_INPUT})")
@@ -481,8 +509,8 @@ def index_manifest(index_dir: Path):
 def convert_dataset(source: Path, out: Path, *, index_dir: Optional[Path] = None, page_base: int = 1,
                     drop_missing: bool = False, action_format: str = "tags", val_out: Optional[Path] = None,
                     val_fraction: float = 0.0, split_of: str = "question", layout: str = "easyr1",
-                    data_source: str = "vrag", source_format: str = "vidoseek",
-                    region_action: bool = False) -> ConversionReport:
+                    data_source: str = "vrag", source_format: Optional[str] = None,
+                    region_action: bool = False, scope: Optional[str] = None) -> ConversionReport:
     """Write `out` (parquet), and `val_out` with `val_fraction` of the rows, from `source` (in the
     `source_format` layout); returns the report (see the module docstring)."""
     if layout not in LAYOUTS:
@@ -495,19 +523,20 @@ def convert_dataset(source: Path, out: Path, *, index_dir: Optional[Path] = None
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     if split_of not in SPLIT_KEYS:
         raise ValueError(f"split_of must be one of {sorted(SPLIT_KEYS)}, got {split_of!r}")
-    report = ConversionReport(index=str(index_dir) if index_dir is not None else None)
+    report = ConversionReport(index=str(index_dir) if index_dir is not None else None,
+                              scope=scope or default_scope(source_format))
     manifest = index_manifest(index_dir) if index_dir is not None else None
     documents = {doc.doc_id: doc.num_pages for doc in manifest.docs} if manifest is not None else None
     columns = convert_rows(Path(source), page_base=page_base, documents=documents,
                            drop_missing=drop_missing, report=report, action_format=action_format,
-                           source_format=source_format, region_action=region_action,
+                           source_format=source_format, region_action=region_action, scope=scope,
                            source_numbers=manifest.source_numbers() if manifest is not None else None)
     write = _write_parquet if layout == "easyr1" else (lambda cols, path: _write_verl(cols, path, data_source))
     if val_out is None:
         write(columns, Path(out))
         _locate_kept(report, {Path(out): columns["question_id"]})
         return report
-    to_val = [in_validation(key, val_fraction) for key in columns[SPLIT_KEYS[split_of]]]
+    to_val = [in_validation(key, val_fraction) for key in split_keys(columns, split_of)]
     train, val = _rows_where(columns, [not v for v in to_val]), _rows_where(columns, to_val)
     if not train["prompt"] or not val["prompt"]:
         raise DatasetError("file", "<questions>", f"a {val_fraction:g} split by {split_of} of {report.written} "
@@ -528,6 +557,18 @@ def _locate_kept(report: ConversionReport, written: dict) -> None:
     for item in report.missing_documents:
         if item["question_id"] in rows:
             item["file"], item["row"] = rows[item["question_id"]]
+
+
+def split_keys(columns: dict, split_of: str) -> list:
+    """Each row's split key: its question id, or its document (in corpus scope, the document of
+    its first gold page, the question's own; a question without gold pages splits by its id)."""
+    if split_of == "question":
+        return columns["question_id"]
+    keys = []
+    for doc_id, gold, qid in zip(columns["doc_id"], columns["gold_pages"], columns["question_id"]):
+        pairs = [page for page in json.loads(gold) if isinstance(page, list)]
+        keys.append(doc_id if doc_id is not None else pairs[0][0] if pairs else qid)
+    return keys
 
 
 def in_validation(key: str, fraction: float) -> bool:

@@ -34,9 +34,10 @@ class PromptSample:
     instructions: str = AGENT_INSTRUCTIONS
 
 
-def instructions_for(action_format: str, region_action: bool = False) -> str:
-    """The default instructions of an action format, with the region action's when it is on."""
-    return format_named(action_format).instructions_for(region_action)
+def instructions_for(action_format: str, region_action: bool = False, scope: str = "document") -> str:
+    """The default instructions of an action format for a search `scope` ("document" or "corpus",
+    `formats.base.SCOPES`), with the region action's when it is on."""
+    return format_named(action_format).instructions_for(region_action, scope)
 
 
 def render_prompt(tokenizer: Any, sample: PromptSample, tools: Optional[Sequence[dict]] = None,

@@ -64,7 +64,10 @@ def written_for(samples: list) -> Optional[tuple[str, bool]]:
     every sample carries, or None (instructions of the user's own, or mixed)."""
     from ..formats import FORMATS
 
-    kinds = {(name, region): fmt.instructions_for(region) for name, fmt in FORMATS.items() for region in (False, True)}
-    found = {kind for sample in samples for kind, text in kinds.items() if sample.instructions == text}
-    matched = all(sample.instructions in kinds.values() for sample in samples)
+    from ..formats.base import SCOPES
+
+    texts = {fmt.instructions_for(region, scope): (name, region)
+             for name, fmt in FORMATS.items() for region in (False, True) for scope in SCOPES}
+    found = {texts[sample.instructions] for sample in samples if sample.instructions in texts}
+    matched = all(sample.instructions in texts for sample in samples)
     return found.pop() if matched and len(found) == 1 else None

@@ -19,7 +19,8 @@ def resolved(action: Any, episode: Episode, frame: str, earlier_calls: Sequence[
     if not isinstance(action, Crop):
         return action
     try:
-        return resolve(action.page, action.box, frame, episode.doc_id, episode.shown_pages, episode.last_page_id)
+        return resolve(action.page, action.box, frame, episode.current_document, episode.shown_pages,
+                       episode.last_page_id)
     except RegionError as error:
         if any(isinstance(c, Search) or (isinstance(c, Fetch) and c.modality == "image") for c in earlier_calls):
             return RegionError(f"{error}; a page this turn's own calls show can be cropped from the next turn on")

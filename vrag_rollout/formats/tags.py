@@ -17,6 +17,7 @@ from ..core import step
 from ..core.actions import REGION_STOPS, TOOL_STOPS, ToolCall
 from ..core.episode import Episode
 from ..core.regions import RELATIVE_1000
+from ..core.scope import call_document
 from .base import FormatBase
 from .region_requests import resolved
 
@@ -27,6 +28,14 @@ INSTRUCTIONS = (
     "Results come back inside <result></result>. "
     "Think inside <think></think> and give the final answer inside <answer></answer>."
 )
+CORPUS_INSTRUCTIONS = (
+    "Answer the question using the pages of a document collection. "
+    "To search the whole collection write <search>a short query</search>. "
+    "To read one page write <fetch>image, N</fetch> or <fetch>text, N</fetch>: page N (pages start at 1) "
+    "of the document of the last page shown. "
+    "Results come back inside <result></result>. "
+    "Think inside <think></think> and give the final answer inside <answer></answer>."
+)
 REGION_INSTRUCTIONS = (" To look closer at a region of a page shown as an image write <crop>N, [x1, y1, x2, y2]</crop> "
                        "(the box in your grounding coordinates on that image); the region comes back enlarged.")
 
@@ -34,6 +43,7 @@ REGION_INSTRUCTIONS = (" To look closer at a region of a page shown as an image 
 class TagFormat(FormatBase):
     name = "tags"
     instructions = INSTRUCTIONS
+    corpus_instructions = CORPUS_INSTRUCTIONS
     region_instructions = REGION_INSTRUCTIONS
     # The prompt shows no tool schemas: the instructions teach the tags.
     renders_tools = False
@@ -88,8 +98,9 @@ class TagFormat(FormatBase):
                                      observations=observations, regions=self.regions)
 
     def requests(self, calls: list) -> list[ToolCall]:
-        return [ToolCall(i, resolved(action, episode, self.frame), episode.doc_id)
-                for i, (episode, action) in enumerate(calls)]
+        sent = [(episode, resolved(action, episode, self.frame)) for episode, action in calls]
+        return [ToolCall(i, action, call_document(action, episode.doc_id, episode.page_ids))
+                for i, (episode, action) in enumerate(sent)]
 
     def regroup(self, calls: list, outcomes: list) -> list:
         return outcomes

@@ -19,6 +19,7 @@ from ..core import step
 from ..core.actions import Crop, Fetch, Search, ToolCall
 from ..core.episode import Episode
 from ..core.regions import RELATIVE_1000
+from ..core.scope import call_document
 from ..core.tool_turns import ToolTurnTemplate, tools_for
 from .base import FormatBase
 from .region_requests import resolved
@@ -28,6 +29,11 @@ INSTRUCTIONS = (
     "to read one page (pages start at 1). Think inside <think></think> and give the final answer, "
     "without a tool call, inside <answer></answer>."
 )
+CORPUS_INSTRUCTIONS = (
+    "Answer the question using the pages of a document collection. Call search to find pages in the whole "
+    "collection and fetch to read one page (pages start at 1) of the document of the last page shown. Think "
+    "inside <think></think> and give the final answer, without a tool call, inside <answer></answer>."
+)
 REGION_INSTRUCTIONS = " Call crop to look closer at a region of a page shown as an image."
 
 _SENT = (Search, Fetch, Crop)  # the calls that reach the retriever (or its refusal of a region)
@@ -36,6 +42,7 @@ _SENT = (Search, Fetch, Crop)  # the calls that reach the retriever (or its refu
 class ToolCallFormat(FormatBase):
     name = "tool_call"
     instructions = INSTRUCTIONS
+    corpus_instructions = CORPUS_INSTRUCTIONS
     region_instructions = REGION_INSTRUCTIONS
     # Prompts and tool turns are rendered by the chat template, with the tool schemas: a run's
     # prompts and its rollout must use one template.
@@ -110,8 +117,10 @@ class ToolCallFormat(FormatBase):
         """Every valid call of every turn, flat (invalid ones are never sent); a crop resolved
         against the pages its episode was shown before this turn (the turn's own results come
         back together, after it)."""
-        return [ToolCall(0, resolved(call, episode, self.frame, turn.calls[:k]), episode.doc_id)
+        sent = [(episode, resolved(call, episode, self.frame, turn.calls[:k]))
                 for episode, turn in calls for k, call in enumerate(turn.calls) if isinstance(call, _SENT)]
+        return [ToolCall(0, action, call_document(action, episode.doc_id, episode.page_ids))
+                for episode, action in sent]
 
     def regroup(self, calls: list, outcomes: list) -> list:
         """The flat outcomes back per turn, in call order (None for an invalid call)."""

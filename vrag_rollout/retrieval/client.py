@@ -190,7 +190,7 @@ class RetrieverClient:
 
     # -- public API
 
-    def batch_search(self, queries: list[str], doc_ids: list[str], top_n: int) -> list[list[RetrievedPage] | RetrieverFailure]:
+    def batch_search(self, queries: list[str], doc_ids: list[str | None], top_n: int) -> list[list[RetrievedPage] | RetrieverFailure]:
         queries, doc_ids = list(queries), list(doc_ids)
         _check_inputs(queries, doc_ids, "queries")
         if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
@@ -483,7 +483,10 @@ def _out_of_budget(refusal: Optional[TransportOverloaded], refusals: int,
 def _check_inputs(items: list, doc_ids: list, name: str) -> None:
     if len(items) != len(doc_ids):
         raise ValueError(f"{name} and doc_ids differ in length: {len(items)} != {len(doc_ids)}")
-    if not all(isinstance(d, str) for d in doc_ids):
+    if name == "queries":  # a search may have no document: it ranks the whole corpus
+        if not all(d is None or isinstance(d, str) for d in doc_ids):
+            raise ValueError("doc_ids must be strings, or None to search the whole corpus")
+    elif not all(isinstance(d, str) for d in doc_ids):
         raise ValueError("doc_ids must be strings")
     if name == "queries" and not all(isinstance(q, str) for q in items):
         raise ValueError("queries must be strings")

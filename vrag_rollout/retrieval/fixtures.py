@@ -1,6 +1,7 @@
 """Record retriever traffic once, replay it offline through the real `RetrieverClient`.
 
-Replay is per item, not per request: a search is keyed by `(doc_id, query, top_n)`, a fetch
+Replay is per item, not per request: a search is keyed by `(doc_id, query, top_n)` (doc_id null
+for a search of the whole corpus), a fetch
 by `(doc_id, spec)` (spec canonicalised to "image, 3" / "text, 3") and a crop by
 `(doc_id, page, box, min_pixels, max_pixels, factor)` (the box as 4 floats), so any batch made
 of recorded items replays, in any order and any chunking.
@@ -11,7 +12,7 @@ diffs line by line:
 
     {
      "format": 1,
-     "search": [                                   # sorted by (doc_id, query, top_n)
+     "search": [                                   # corpus searches first, then by (doc_id, query, top_n)
       {"doc_id": "annual_report", "query": "revenue 2023", "top_n": 3,
        "results": [{"blob": "<sha256>", "id": "annual_report_3"}, ...]}
      ],
@@ -55,7 +56,7 @@ from .types import FetchSpec, RetrieverFailure
 from .wire import ERROR_ID, is_wire_item
 
 FORMAT = 1
-SearchKey = tuple[str, str, int]  # (doc_id, query, top_n)
+SearchKey = tuple[str | None, str, int]  # (doc_id, None: the whole corpus; query, top_n)
 FetchKey = tuple[str, str]  # (doc_id, canonical spec)
 CropKey = tuple[str, int, tuple[float, ...], int, int, int]  # (doc_id, page, box, min, max, factor)
 _KINDS = {3: "search (doc_id, query, top_n)", 2: "fetch (doc_id, spec)",
@@ -137,7 +138,7 @@ class Fixtures:
             "format": FORMAT,
             "search": [
                 {"doc_id": d, "query": q, "top_n": n, "results": [pack(r, True) for r in self.search[(d, q, n)]]}
-                for d, q, n in sorted(self.search)
+                for d, q, n in sorted(self.search, key=_search_order)
             ],
             "fetch": [
                 {"doc_id": d, "spec": s, "result": pack(self.fetch[(d, s)], _is_image_fetch(s))}
@@ -191,6 +192,12 @@ class Fixtures:
     def load(cls, path: str | os.PathLike) -> "Fixtures":
         with open(path, encoding="utf-8") as f:
             return cls.from_json(f.read())
+
+
+def _search_order(key: SearchKey) -> tuple:
+    """Corpus searches (doc_id None, JSON null) first, then by document, query and top_n."""
+    doc_id, query, top_n = key
+    return doc_id is not None, doc_id or "", query, top_n
 
 
 def _crop_keys(body: dict) -> list[CropKey]:

@@ -30,7 +30,8 @@ class MalformedResponse(Exception):
     """A response whose overall shape is wrong: no item of the chunk can be trusted."""
 
 
-def search_body(queries: Sequence[str], doc_ids: Sequence[str], top_n: int) -> dict:
+def search_body(queries: Sequence[str], doc_ids: Sequence[str | None], top_n: int) -> dict:
+    """A doc id per query; None (JSON null) searches the whole corpus."""
     return {"query": list(queries), "id": list(doc_ids), "top_n": top_n, "return_score": False}
 
 
@@ -92,9 +93,19 @@ def _score_of(item: dict) -> float | None:
         return None
 
 
-def parse_search_results(data: Any, doc_ids: Sequence[str], top_n: int) -> list[list[RetrievedPage] | RetrieverFailure]:
+def _doc_of(item: dict, page_id: str) -> str | None:
+    """A corpus hit's document: its ``doc_id`` field, else its page id's; None if neither reads."""
+    doc = item.get("doc_id")
+    if isinstance(doc, str) and doc:
+        return doc
+    parsed = contract.parse_page_id(page_id)
+    return parsed[0] if parsed else None
+
+
+def parse_search_results(data: Any, doc_ids: Sequence[str | None], top_n: int) -> list[list[RetrievedPage] | RetrieverFailure]:
     """One entry per query. A bad list for one query fails that query only; a bad outer shape
-    raises MalformedResponse (results can't be matched to queries)."""
+    raises MalformedResponse (results can't be matched to queries). A corpus search (doc id None)
+    labels each hit with its own document; a hit whose document cannot be read fails the query."""
     out: list[list[RetrievedPage] | RetrieverFailure] = []
     for doc_id, hits in zip(doc_ids, _expect_list(data, len(doc_ids))):
         if not isinstance(hits, list) or not all(is_wire_item(h) for h in hits):
@@ -104,10 +115,14 @@ def parse_search_results(data: Any, doc_ids: Sequence[str], top_n: int) -> list[
         if err is not None:
             out.append(_item_failure(err))
             continue
+        docs = [doc_id if doc_id is not None else _doc_of(h, h["id"]) for h in hits[:top_n]]
+        if None in docs:
+            out.append(_malformed_item("corpus search hit (no document named)"))
+            continue
         out.append(
             [
-                RetrievedPage(h["id"], doc_id, _page_of(h, h["id"]), "image", h["contents"], _score_of(h))
-                for h in hits[:top_n]
+                RetrievedPage(h["id"], doc, _page_of(h, h["id"]), "image", h["contents"], _score_of(h))
+                for h, doc in zip(hits[:top_n], docs)
             ]
         )
     return out

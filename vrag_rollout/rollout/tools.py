@@ -16,6 +16,7 @@ from ..core.actions import Crop, Fetch, Invalid, Search, ToolCall
 from ..core.regions import RegionError, RegionRequest
 from ..core.observation import NO_PAGES, Observation, ObservationBuilder, Overflow
 from ..core.pages import PageCache, content_key
+from ..core.scope import NO_CURRENT_DOCUMENT
 from ..retrieval.types import FetchSpec, RetrievedPage, RetrieverFailure
 
 # The RetrieverFailure kind of a request the retriever refused as the asker's mistake.
@@ -47,13 +48,15 @@ def call_retriever(calls: Sequence[ToolCall], client: Any, top_n: int, band: Opt
     batch (run side by side). A region action that could not be resolved (`RegionError`) is
     answered here, as the policy's mistake; crops are rendered into `band`."""
     outcomes: list[Outcome] = [None] * len(calls)  # type: ignore[list-item]
-    kinds = {kind: [i for i, c in enumerate(calls) if isinstance(c.action, kind) and c.doc_id is not None]
+    # A search without a document ranks the whole corpus; a fetch or crop needs one (`core.scope`).
+    kinds = {kind: [i for i, c in enumerate(calls) if isinstance(c.action, kind)
+                    and (c.doc_id is not None or kind is Search)]
              for kind in (Search, Fetch, RegionRequest)}
     for i, call in enumerate(calls):
-        if call.doc_id is None:
-            outcomes[i] = RetrieverFailure("server", "this question has no document to search.")
-        elif isinstance(call.action, RegionError):
+        if isinstance(call.action, RegionError):
             outcomes[i] = RetrieverFailure(REQUEST_FAILURE, str(call.action))
+        elif call.doc_id is None and not isinstance(call.action, Search):
+            outcomes[i] = RetrieverFailure(REQUEST_FAILURE, NO_CURRENT_DOCUMENT)
 
     def run(kind: type) -> list:
         chosen = kinds[kind]

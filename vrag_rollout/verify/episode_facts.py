@@ -77,7 +77,10 @@ def parse_truth(raw: Any) -> Optional[Truth]:
         return Truth(answer=raw)
     if not isinstance(raw, Mapping) or raw.get("answer") is None:
         return None
-    pages = tuple(p for p in raw.get("gold_pages") or () if isinstance(p, int) and not isinstance(p, bool))
+    # a page number of the row's document, or a (document, page) pair (corpus scope)
+    pages = tuple(tuple(p) if isinstance(p, list) else p for p in raw.get("gold_pages") or ()
+                  if (isinstance(p, int) and not isinstance(p, bool))
+                  or (isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], int)))
     doc = raw.get("doc_id")
     return Truth(answer=str(raw["answer"]), doc_id=None if doc is None else str(doc), gold_pages=pages)
 
@@ -99,6 +102,8 @@ def is_gold(page_id: str, truth: Optional[Truth], doc_id: Any = None) -> bool:
     doc, sep, page = str(page_id).rpartition("_")
     if not sep or not page.isdigit():
         return False
+    if (doc, int(page)) in truth.gold_pages:  # a (document, page) pair: corpus scope
+        return True
     wanted = truth.doc_id if truth.doc_id is not None else doc_id
     return int(page) in truth.gold_pages and (wanted is None or doc == str(wanted))
 

@@ -181,7 +181,8 @@ class _Episode:
         if self.truth is None:
             return ""
         doc = self.truth.doc_id
-        gold = ", ".join(f"{doc}_{page}" if doc else str(page) for page in self.truth.gold_pages)
+        gold = ", ".join(f"{page[0]}_{page[1]}" if isinstance(page, tuple) else f"{doc}_{page}" if doc else str(page)
+                         for page in self.truth.gold_pages)
         return html.escape(self.truth.answer) + (f' <span class="parts">(gold: {html.escape(gold)})</span>'
                                                   if gold else "")
 

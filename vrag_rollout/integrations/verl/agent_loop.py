@@ -253,10 +253,11 @@ class VragAgentLoop(AgentLoopBase):
         text = driver.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
                                                    chat_template=template, **tools)
         ids = driver.tokenizer.encode(text, add_special_tokens=False)
-        doc_id = row.get(driver.config.doc_id_key)
-        if doc_id is None:
+        if driver.config.doc_id_key not in row:
             raise ValueError(f"vrag_agent: the row has no {driver.config.doc_id_key!r} column: the agent searches "
-                             "inside each sample's document (convert the dataset with its doc_id column)")
+                             "each sample's document, or the whole corpus where it is null (convert the dataset "
+                             "with `vrag-rollout convert-dataset --layout verl`)")
+        doc_id = row[driver.config.doc_id_key]  # None: corpus scope (`core.scope`)
         driver.format.check_prompts([ids], driver.tokenizer)
         grids = []
         if images:
@@ -267,7 +268,8 @@ class VragAgentLoop(AgentLoopBase):
             raise ValueError(f"vrag_agent: a prompt of {len(prompt_ids)} tokens (images expanded) exceeds "
                              f"actor_rollout_ref.rollout.prompt_length={driver.config.prompt_length}: raise it, or "
                              "filter long prompts out of the dataset (data.filter_overlong_prompts)")
-        episode = Episode(index=sample, prompt_engine_ids=ids, prompt_images=images, doc_id=str(doc_id),
+        episode = Episode(index=sample, prompt_engine_ids=ids, prompt_images=images,
+                          doc_id=None if doc_id is None else str(doc_id),
                           response_length=driver.config.response_length, max_images=driver.max_images)
         return episode, prompt_ids
 
