@@ -6,6 +6,13 @@ nothing of either package).
 
 - Page ids: ``"<doc>_<page>"``, the page 1-based (VRAG's naming); a doc id may itself contain
   underscores, the page is what follows the last one.
+- Search scope (``POST /batch_search``'s ``id``): absent or ``null``: every query searches the
+  whole corpus; a string: that document for every query; a list with one entry per query, each
+  a doc id (that document), ``null`` (the whole corpus) or a non-empty list of doc ids (only
+  those documents). ``POST /search`` takes a doc id, ``null``/absent or a list. Hits name their
+  document (``doc_id``, and the page id); equal scores rank by (document order in the index,
+  page). A subset naming an unknown document is an `UNKNOWN_DOCUMENT` error item, an empty one
+  a `MALFORMED_QUERY` error item. Doc-scoped requests are answered as they always were.
 - Fetch specs: ``"image, 3"`` / ``"text, 3"`` (modality, 1-based page; case and spaces are
   forgiven when read); ALDEN's ``"3-th"`` reads as ``"image, 3"``. Written canonically by
   `fetch_spec`.

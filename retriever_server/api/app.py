@@ -117,10 +117,11 @@ def create_app(source, *, api_key: str | None = None, limits: Limits | None = No
     # strict_content_type=False: a body without a content-type header is read as JSON; one sent
     # as another type (curl -d alone sends a form type) is a 415 saying so (``problems``).
     app = FastAPI(title="vrag-retriever", version="1", strict_content_type=False,
-                  description="Page-image retriever: search inside one document, fetch a page. "
-                              "Page ids are `<doc_id>_<page>` with 1-based pages. Answers are "
-                              "JSON (images as base64 text), or MessagePack with each image's "
-                              "JPEG bytes as a `bin` when `Accept` prefers `application/msgpack`.")
+                  description="Page-image retriever: search one document, a set of documents "
+                              "or the whole corpus (`id` absent or null), fetch a page. Page ids "
+                              "are `<doc_id>_<page>` with 1-based pages. Answers are JSON (images "
+                              "as base64 text), or MessagePack with each image's JPEG bytes as a "
+                              "`bin` when `Accept` prefers `application/msgpack`.")
     app.state.index = slot
     app.state.gate = gate
     app.state.metrics = metrics

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -10,11 +10,19 @@ from ..contract import CROP_FACTOR
 from ..storage.imaging import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
 
 
+# One search item's scope: a doc id (that document), null (the whole corpus) or a list of doc
+# ids (only those documents; empty is that item's error).
+ScopeId = Union[str, list[str], None]
+
+
 class BatchSearchRequest(BaseModel):
     # Unknown fields (ALDEN's recall_ocr, mm_fetch) are accepted and ignored.
     model_config = ConfigDict(extra="ignore")
     query: list[str] = Field(description="one query per item")
-    id: list[str] | str = Field(description="doc id per query (or one doc id for all queries)")
+    id: Union[list[ScopeId], str, None] = Field(
+        None, description="search scope: one doc id for all queries, or one entry per query "
+                          "(a doc id, null for the whole corpus, or a list of doc ids); absent "
+                          "or null: every query searches the whole corpus")
     top_n: int = Field(10, description="pages per query, best first")
     return_score: bool = Field(False, description="add a `score` field to each hit")
 
@@ -43,7 +51,8 @@ class BatchCropRequest(BaseModel):
 class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     query: str
-    id: str
+    id: ScopeId = Field(None, description="a doc id, a list of doc ids, or absent/null for the "
+                                          "whole corpus")
     top_n: int = 10
     return_score: bool = False
 

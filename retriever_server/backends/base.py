@@ -1,9 +1,10 @@
 """The backend interface the HTTP app talks to.
 
-A backend answers two questions: which pages of a document best match a query
-(``search``), and what a page looks like (``page_image`` / ``page_text``). The app validates
-requests (known doc ids, page ranges, query length) before calling in, and turns pages into wire
-JSON itself, so a backend never sees raw request data or formats responses.
+A backend answers two questions: which pages best match a query, inside one document, a subset
+of documents or the whole corpus (``search``, see `Scope`), and what a page looks like
+(``page_image`` / ``page_text``). The app validates requests (known doc ids, non-empty subsets,
+page ranges, query length) before calling in, and turns pages into wire JSON itself, so a
+backend never sees raw request data or formats responses.
 
 A stronger engine is a drop-in: implement this class and hand the instance to
 ``retriever_server.api.app.create_app``. ``qdrant.QdrantBackend`` is one (multi-vector pages in
@@ -16,13 +17,22 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Optional, TypeVar, Union
 
 from ..storage.store import IndexReplacedError, PageImage, PageStore
 
 # A load that a swap overtakes this many times in a row is not going to settle; say so.
 LOAD_ATTEMPTS = 3
 B = TypeVar("B", bound="Backend")
+# Where one query searches: a doc id (that document), None (the whole corpus), or a non-empty
+# frozenset/tuple of doc ids (only those documents).
+Scope = Optional[Union[str, frozenset, tuple]]
+
+
+def doc_order_key(documents: Mapping[str, int]) -> Callable[["Hit"], tuple]:
+    """Sort key of hits: best score first, ties by (document's place in the index, page)."""
+    order = {doc_id: i for i, doc_id in enumerate(documents)}
+    return lambda hit: (-hit.score, order.get(hit.doc_id, len(order)), hit.page)
 
 
 @dataclass(frozen=True)
@@ -40,11 +50,14 @@ class Backend(ABC):
         """doc_id -> number of pages."""
 
     @abstractmethod
-    def search(self, queries: list[str], doc_ids: list[str], top_n: int) -> list[list[Hit]]:
-        """For each i, the best ``top_n`` pages of ``doc_ids[i]`` for ``queries[i]``, best first.
+    def search(self, queries: list[str], doc_ids: list[Scope], top_n: int) -> list[list[Hit]]:
+        """For each i, the best ``top_n`` pages in scope ``doc_ids[i]`` for ``queries[i]``, best
+        first.
 
-        Each query is searched only inside its own document. Callers pass known doc ids and
-        non-empty queries; ties are broken by page number so answers are deterministic.
+        ``doc_ids[i]`` is a doc id (only that document's pages), None (every page of the index)
+        or a non-empty frozenset/tuple of doc ids (only their pages). Callers pass known doc ids
+        and non-empty queries; ties are broken by (document's place in the index, page), i.e.
+        by corpus row, so answers are deterministic.
         """
 
     @abstractmethod

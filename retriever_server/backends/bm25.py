@@ -2,7 +2,9 @@
 
 Two BM25 matrices cover the whole corpus (so IDF statistics come from all pages): one over page
 text, one over each page's heading lines (``retriever_server.indexing.headings``). A query is scored
-against every page and only its document's contiguous row range is ranked, by
+against every page and only its scope is ranked: its document's contiguous row range, the rows
+of a subset of documents, or every row for a corpus search (``top_rows``: O(rows) selection,
+ties by row, i.e. by (document order, page)). Pages are scored by
 
     score(page) = role_weight[role(page)] * (bm25_text + w(query) * bm25_headings)
 
@@ -27,7 +29,7 @@ import numpy as np
 from bm25s.stopwords import STOPWORDS_EN
 
 from ..storage.store import PageStore
-from .base import Hit, StoreBackend, open_whole
+from .base import Hit, Scope, StoreBackend, open_whole
 
 SUBDIR = "bm25"
 HEADINGS_SUBDIR = "bm25_headings"
@@ -97,6 +99,25 @@ def rank_rows(scores: np.ndarray, start: int, stop: int, top_n: int) -> list[tup
     return [(start + int(i), float(window[i])) for i in order]
 
 
+def top_rows(scores: np.ndarray, top_n: int, rows: np.ndarray | None = None
+             ) -> list[tuple[int, float]]:
+    """Top ``top_n`` (row, score) among ``rows`` (ascending; None: every row), score
+    descending, ties by row (pure): the order of ``rank_rows``, in O(rows) rather than a full
+    sort. ``argpartition`` finds the k-th best score; the rows above it and the first rows equal
+    to it are the top k, and only those are sorted."""
+    window = scores if rows is None else scores[rows]
+    k = min(top_n, len(window))
+    if k < len(window):
+        threshold = window[np.argpartition(-window, k - 1)[k - 1]]
+        above = np.flatnonzero(window > threshold)
+        at = np.flatnonzero(window == threshold)[:k - len(above)]
+        chosen = np.sort(np.concatenate([above, at]))  # row order, for the stable sort below
+    else:
+        chosen = np.arange(k)
+    chosen = chosen[np.argsort(-window[chosen], kind="stable")]
+    return [(int(i) if rows is None else int(rows[i]), float(window[i])) for i in chosen]
+
+
 class Bm25Backend(StoreBackend):
     name = "bm25"
 
@@ -151,13 +172,27 @@ class Bm25Backend(StoreBackend):
             headings = self._field_scores(self._headings, tokens, self._num_rows)
         return page_aware_scores(text, headings, self._row_weights, weight)
 
-    def search(self, queries: list[str], doc_ids: list[str], top_n: int) -> list[list[Hit]]:
+    def _subset_rows(self, doc_ids) -> np.ndarray:
+        """Rows of the documents ``doc_ids``, ascending (index order)."""
+        ranges = sorted(self.store.doc_rows(d) for d in doc_ids)
+        return np.concatenate([np.arange(start, stop) for start, stop in ranges])
+
+    def _hit_at(self, row: int, score: float) -> Hit:
+        entry = self.store.entry_at(row)
+        return Hit(entry.doc_id, row - self.store.doc_rows(entry.doc_id)[0] + 1, score)
+
+    def search(self, queries: list[str], doc_ids: list[Scope], top_n: int) -> list[list[Hit]]:
         if len(queries) != len(doc_ids):
             raise ValueError("queries and doc_ids differ in length")
         results = []
         for query, doc_id in zip(queries, doc_ids, strict=True):
-            start, stop = self.store.doc_rows(doc_id)
-            ranked = rank_rows(self.scores(query), start, stop, top_n)
-            results.append([Hit(doc_id, row - start + 1, score) for row, score in ranked])
+            if isinstance(doc_id, str):  # one document: its contiguous row range
+                start, stop = self.store.doc_rows(doc_id)
+                ranked = rank_rows(self.scores(query), start, stop, top_n)
+                results.append([Hit(doc_id, row - start + 1, score) for row, score in ranked])
+                continue
+            rows = None if doc_id is None else self._subset_rows(doc_id)
+            results.append([self._hit_at(row, score)
+                            for row, score in top_rows(self.scores(query), top_n, rows)])
         return results
 

@@ -4,7 +4,9 @@
 
 with 1-based ranks and ``k = 60`` (Cormack et al., 2009). RRF needs no score calibration between
 BM25 and MaxSim, whose scales differ. Each backend contributes its top ``depth`` pages of the
-document; the fused list is cut to ``top_n``, ties broken by page number. Pages, text and page
+query's scope (a document, a subset of documents or the whole corpus); pages are fused on
+(doc_id, page), so a corpus search fuses across documents. The fused list is cut to ``top_n``,
+ties broken by (document's place in the index, page). Pages, text and page
 info come from the lexical backend (both read the same ``PageStore``).
 """
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 
 from ..storage.store import PageImage, PageStore
-from .base import Backend, Hit
+from .base import Backend, Hit, Scope, doc_order_key
 
 RRF_K = 60
 MIN_DEPTH = 50
@@ -43,15 +45,17 @@ class HybridBackend(Backend):
     def documents(self) -> Mapping[str, int]:
         return self.lexical.documents()
 
-    def search(self, queries: list[str], doc_ids: list[str], top_n: int) -> list[list[Hit]]:
+    def search(self, queries: list[str], doc_ids: list[Scope], top_n: int) -> list[list[Hit]]:
         depth = max(top_n, self.depth)
         lexical = self.lexical.search(queries, doc_ids, depth)
         dense = self.dense.search(queries, doc_ids, depth)
+        key = doc_order_key(self.documents())
         results = []
-        for doc_id, lex, den in zip(doc_ids, lexical, dense, strict=True):
-            fused = rrf([[h.page for h in lex], [h.page for h in den]], self.k)
-            best = sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:top_n]
-            results.append([Hit(doc_id, page, score) for page, score in best])
+        for lex, den in zip(lexical, dense, strict=True):
+            fused = rrf([[(h.doc_id, h.page) for h in lex], [(h.doc_id, h.page) for h in den]],
+                        self.k)
+            hits = [Hit(doc_id, page, score) for (doc_id, page), score in fused.items()]
+            results.append(sorted(hits, key=key)[:top_n])
         return results
 
     def page_info(self, doc_id: str, page: int) -> Mapping[str, object]:

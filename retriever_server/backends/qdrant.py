@@ -1,4 +1,4 @@
-"""Dense multi-vector backend: one Qdrant point per page, MaxSim scoring, filtered by document.
+"""Dense multi-vector backend: one Qdrant point per page, MaxSim scoring, filtered by scope.
 
 Index time (``build``): every page image is encoded (``encoders``) into a multi-vector and
 upserted as point ``id = row`` with payload ``{"doc_id", "page"}`` into a collection configured
@@ -14,7 +14,9 @@ late interaction). Where the collection lives:
   the server until deleted (a server still reading the old index may need it).
 
 Query time: the queries are encoded in one batch and sent as one ``query_batch_points`` call,
-each request filtered on its ``doc_id`` and limited to ``top_n``. Images, text and page roles
+each request limited to ``top_n`` and filtered by its scope: ``MatchValue`` on ``doc_id`` for one
+document, ``MatchAny`` for a subset, no filter for the whole corpus. Hits are ordered by score,
+ties by (document's place in the index, page). Images, text and page roles
 come from the same ``PageStore`` as the BM25 backend.
 """
 
@@ -28,7 +30,7 @@ from pathlib import Path
 
 from ..encoders import PageEncoder
 from ..storage.store import PageStore
-from .base import Hit, StoreBackend
+from .base import Hit, Scope, StoreBackend, doc_order_key
 
 LOCAL_SUBDIR = "qdrant"
 DOC_FIELD, PAGE_FIELD = "doc_id", "page"
@@ -124,7 +126,20 @@ class QdrantBackend(StoreBackend):
     def documents(self) -> Mapping[str, int]:
         return self.store.documents()
 
-    def search(self, queries: list[str], doc_ids: list[str], top_n: int) -> list[list[Hit]]:
+    @staticmethod
+    def _scope_filter(scope: Scope):
+        """Qdrant filter of a search scope: one document, a subset (MatchAny), or none."""
+        from qdrant_client import models
+
+        if scope is None:
+            return None
+        if isinstance(scope, str):
+            match = models.MatchValue(value=scope)
+        else:
+            match = models.MatchAny(any=sorted(scope))
+        return models.Filter(must=[models.FieldCondition(key=DOC_FIELD, match=match)])
+
+    def search(self, queries: list[str], doc_ids: list[Scope], top_n: int) -> list[list[Hit]]:
         from qdrant_client import models
 
         if len(queries) != len(doc_ids):
@@ -132,18 +147,17 @@ class QdrantBackend(StoreBackend):
         if not queries:
             return []
         vectors = self.encoder.encode_queries(queries)
-        requests = [models.QueryRequest(
-            query=v, limit=top_n, with_payload=True,
-            filter=models.Filter(must=[models.FieldCondition(
-                key=DOC_FIELD, match=models.MatchValue(value=doc_id))]))
-            for v, doc_id in zip(vectors, doc_ids, strict=True)]
+        requests = [models.QueryRequest(query=v, limit=top_n, with_payload=True,
+                                        filter=self._scope_filter(doc_id))
+                    for v, doc_id in zip(vectors, doc_ids, strict=True)]
         with self._lock:
             answers = self.client.query_batch_points(self.collection, requests)
+        key = doc_order_key(self.documents())
         results = []
         for answer in answers:
             hits = [Hit(p.payload[DOC_FIELD], int(p.payload[PAGE_FIELD]), float(p.score))
                     for p in answer.points]
-            results.append(sorted(hits, key=lambda h: (-h.score, h.page)))
+            results.append(sorted(hits, key=key))
         return results
 
     def close(self) -> None:

@@ -47,6 +47,17 @@ def doc_problem(doc_id: str, documents: Mapping[str, int]) -> str | None:
     return f"unknown document id {_quote(doc_id)}; GET /documents lists the indexed ids"
 
 
+def subset_problem(doc_ids, documents: Mapping[str, int]) -> tuple[str, str] | None:
+    """(reason, error code) of a subset scope that cannot be searched, else None."""
+    if not doc_ids:
+        return ("empty list of documents; give at least one doc id, or null to search the "
+                "whole corpus", contract.MALFORMED_QUERY)
+    for doc_id in sorted(doc_ids):
+        if problem := doc_problem(doc_id, documents):
+            return problem, contract.UNKNOWN_DOCUMENT
+    return None
+
+
 def query_problem(query: str, limits: Limits) -> str | None:
     if not query.strip():
         return "empty query; write a few keywords that describe the page you are looking for"

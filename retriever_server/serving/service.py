@@ -1,6 +1,11 @@
 """The retriever's request handling, without HTTP: validate, search, fetch or crop, render the
 answer's bytes in the negotiated format (``contract.JSON`` or ``contract.MSGPACK``, see ``wire``).
 
+A search item's scope (``Backend.search``'s ``Scope``) comes from the request's ``id``: a doc id
+(that document), None (the whole corpus) or a list of doc ids (that subset, a ``frozenset``
+here); a subset naming an unknown document, or none at all, is that item's error item, checked
+before the backend is called.
+
 ``RequestError`` marks a request-level problem (the app answers 422; for crops, also more
 drawing than ``Limits.max_crop_request_pixels``, checked before anything is drawn),
 ``AnswerTooLarge`` an answer over ``Limits.max_answer_bytes`` (413: checked before searching,
@@ -14,13 +19,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .. import contract
-from ..backends.base import Backend, Hit
+from ..backends.base import Backend, Hit, Scope
 from ..storage.imaging import DEFAULT_JPEG_QUALITY
 from ..storage.store import IndexReplacedError
 from . import answer_size, regions, wire
 from .cache import FragmentCache
 from .cropping import Cropper, RegionTooSmall
-from .limits import Limits, doc_problem, fetch_spec_problem, page_problem, parse_fetch_spec, query_problem
+from .limits import (Limits, doc_problem, fetch_spec_problem, page_problem, parse_fetch_spec,
+                     query_problem, subset_problem)
+
+# A request's ``id`` for one search item: a doc id, None (the corpus) or a list of doc ids.
+WireScope = str | None | list[str]
+
+
+def to_scope(entry: WireScope) -> Scope:
+    """The backend scope of one wire ``id`` entry: a list becomes a frozenset (maybe empty:
+    the service answers that item with an error item)."""
+    return frozenset(entry) if isinstance(entry, list) else entry
 
 
 def _unreadable(exc: Exception) -> str:
@@ -54,20 +69,34 @@ class RetrieverService:
                                f"per query (or a single string for all)")
         return ids
 
+    def scopes_for(self, ids: list[WireScope] | str | None, n: int) -> list[Scope]:
+        """One search scope per query (see ``to_scope``); None: the corpus for every query."""
+        if ids is None:
+            return self.doc_ids_for([None] * n, n)
+        return [to_scope(entry) for entry in self.doc_ids_for(ids, n)]
+
+    def _scope_problem(self, scope: Scope) -> tuple[str, str] | None:
+        if scope is None:
+            return None
+        if isinstance(scope, str):
+            problem = doc_problem(scope, self.documents)
+            return (problem, contract.UNKNOWN_DOCUMENT) if problem else None
+        return subset_problem(scope, self.documents)
+
     def check_top_n(self, top_n: int) -> None:
         if not 1 <= top_n <= self.limits.max_top_n:
             raise RequestError(f"top_n must be between 1 and {self.limits.max_top_n}, got {top_n}")
 
     # -- search ----------------------------------------------------------------------------
-    def search_items(self, queries: list[str], doc_ids: list[str], top_n: int,
+    def search_items(self, queries: list[str], doc_ids: list[Scope], top_n: int,
                      form: str = contract.JSON) -> list[list[Hit] | tuple[str, str]]:
         """Hits per item, or (reason, contract error code) for an item that cannot be searched.
         ``AnswerTooLarge`` before searching if the answer in ``form`` could be over the limit."""
         out: list[list[Hit] | tuple[str, str]] = [[] for _ in queries]
         todo = []
         for i, (query, doc_id) in enumerate(zip(queries, doc_ids, strict=True)):
-            if problem := doc_problem(doc_id, self.documents):
-                out[i] = (problem, contract.UNKNOWN_DOCUMENT)
+            if problem := self._scope_problem(doc_id):
+                out[i] = problem
             elif problem := query_problem(query, self.limits):
                 out[i] = (problem, contract.MALFORMED_QUERY)
             else:
@@ -83,7 +112,7 @@ class RetrieverService:
                 out[i] = hits
         return out
 
-    def _search_one(self, query: str, doc_id: str, top_n: int) -> list[Hit] | tuple[str, str]:
+    def _search_one(self, query: str, doc_id: Scope, top_n: int) -> list[Hit] | tuple[str, str]:
         # After a failed batch, retry item by item so one bad item cannot sink the others.
         try:
             return self.backend.search([query], [doc_id], top_n)[0]
@@ -104,19 +133,20 @@ class RetrieverService:
             wire.render(tree, form), form,
             lambda size: answer_size.search_advice(queries, top_n, size, self.budget.max_bytes))
 
-    def batch_search(self, queries: list[str], ids: list[str] | str, top_n: int,
+    def batch_search(self, queries: list[str], ids: list[WireScope] | str | None, top_n: int,
                      return_score: bool, form: str = contract.JSON) -> bytes:
-        doc_ids = self.doc_ids_for(ids, len(queries))
+        doc_ids = self.scopes_for(ids, len(queries))
         self.check_top_n(top_n)
         return self._search_answer([self._hits_node(hits, return_score, form)
                                     for hits in self.search_items(queries, doc_ids, top_n, form)],
                                    len(queries), top_n, form)
 
-    def search(self, query: str, doc_id: str, top_n: int, return_score: bool,
+    def search(self, query: str, doc_id: WireScope, top_n: int, return_score: bool,
                form: str = contract.JSON) -> bytes:
         self.check_top_n(top_n)
+        scope = to_scope(doc_id)
         return self._search_answer(
-            self._hits_node(self.search_items([query], [doc_id], top_n, form)[0], return_score,
+            self._hits_node(self.search_items([query], [scope], top_n, form)[0], return_score,
                             form), 1, top_n, form)
 
     # -- fetch -----------------------------------------------------------------------------
