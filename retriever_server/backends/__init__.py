@@ -9,6 +9,8 @@ know nothing of serving or HTTP.
 - `bm25`: the embedded default: page-aware BM25 over page text and heading lines, per document.
 - `qdrant`: dense multi-vector search in Qdrant (one point per page, MaxSim), and its build.
 - `fusion`: hybrid search: reciprocal-rank fusion of a lexical and a dense backend.
+- `late_interaction`: a fixed-dimensional first stage with exact MaxSim re-ranking, the candidate
+  engine `scripts/bench_dense_corpus.py` measures against Qdrant (not served: docs/dense-corpus.md).
 """
 
 from __future__ import annotations
