@@ -1,7 +1,7 @@
 # Every target sets up .venv first (idempotent; a few minutes on a fresh machine).
 PY := .venv/bin/python
 
-.PHONY: setup demo learn test test-fast bench
+.PHONY: setup demo learn test test-fast bench bench-corpus
 setup:
 	bash scripts/setup.sh
 
@@ -27,3 +27,10 @@ bench: setup
 	$(PY) scripts/bench_retriever.py
 	$(PY) scripts/bench_schedules.py
 	$(PY) scripts/bench_pages.py
+	$(PY) scripts/bench_encoder.py
+
+# Corpus scale (several minutes each): BM25 corpus search, then dense late interaction, at
+# 2,000 and 20,000 generated pages.
+bench-corpus: setup
+	$(PY) scripts/bench_corpus.py
+	$(PY) scripts/bench_dense_corpus.py

@@ -51,6 +51,10 @@ SKIPPED_DOCS = {
                       "checkpoint (Qwen2.5-VL-7B), your qa_train.json and my_index",
     "docs/datasets.md": "no commands to run; its examples are what tests/rollout/test_dataset_first_hour.py "
                         "checks the converter prints",
+    "docs/dense-corpus.md": "its one command is a benchmark of several minutes (scripts/bench_dense_corpus.py), "
+                            "not a test",
+    "docs/encoder-speed.md": "its commands are benchmarks (scripts/bench_encoder.py), not tests; the "
+                             "mechanisms are tested by tests/retriever/test_encoder_pipeline.py",
     "docs/tiny-models.md": "no commands to run; its table is checked against the built models by "
                            "tests/rollout/test_released_shape.py",
     "docs/verl.md": "its jobs need verl's GPU stack, a real checkpoint and your data; what its CPU "
@@ -78,6 +82,9 @@ NOT_RUN = {
         "questions it writes",
     ".venv/bin/vrag-rollout convert-dataset my_questions.json --out my_questions.parquet --index my_index":
         "your own questions; tests/rollout/test_rollout_job.py converts questions it writes",
+    ".venv/bin/vrag-rollout convert-dataset vidoseek.json --from vidoseek --out corpus.parquet --index my_index":
+        "ViDoSeek's own file and your index; tests/rollout/test_corpus_rollout.py converts questions in that "
+        "layout in corpus scope and rolls them out",
     ".venv/bin/vrag-rollout rollout --data my_questions.parquet --index my_index --out artifacts/mine.pt":
         "your own questions and index; tests/rollout/test_rollout_job.py runs rollout on its own "
         "documents and questions, and `check` passes the batch",

@@ -8,6 +8,8 @@ index time.
 
 - `base`: the interface (`PageEncoder`: images and queries -> multi-vectors), MaxSim, fingerprints.
 - `colqwen2`: ColQwen2 / ColQwen2.5 through transformers, from a local checkpoint.
+- `pipeline`: page preprocessing in worker processes, pipelined with the model.
+- `batching`: queries from concurrent callers gathered into shared model calls.
 - `tiny`: builds a tiny, randomly initialised ColQwen2 checkpoint offline (tests, benchmarks).
 """
 
@@ -47,7 +49,9 @@ def encoder_fingerprint(spec: str) -> str:
 
 
 def load_encoder(spec: str, **options) -> PageEncoder:
-    """The encoder a spec names (options: ``device``, ``batch_size``)."""
+    """The encoder a spec names (options: ``device``, ``batch_size``, and the speed knobs of
+    ``ColQwen2Encoder``: ``prep_workers``, ``prep_depth``, ``query_batching``, ``query_batch``,
+    ``query_window_s``, ``timeout_s``; see docs/encoder-speed.md)."""
     name, path = parse_spec(spec)
     if name == "colqwen2":
         from .colqwen2 import ColQwen2Encoder

@@ -5,6 +5,9 @@ Contract: ``encode_images`` and ``encode_queries`` return one float32 array of s
 a page's relevance to a query is the MaxSim (late interaction) score
 
     score(q, p) = sum over query rows i of max over page rows j of <q_i, p_j>.
+
+Both methods may be called from many threads at once. ``close()`` releases what an encoder
+started (worker processes, threads); an encoder never closed releases them at interpreter exit.
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ class PageEncoder(ABC):
     @abstractmethod
     def encode_queries(self, queries: list[str]) -> list[np.ndarray]:
         """One (tokens, dim) float32 array per query."""
+
+    def close(self) -> None:
+        """Release what the encoder started (worker processes, threads); idempotent."""
 
 
 def maxsim(query: np.ndarray, page: np.ndarray) -> float:
