@@ -17,8 +17,9 @@ top 10; ``recall@10`` compares with exact MaxSim by brute force (the oracle).
 
 Engines: exact numpy brute force; Qdrant local mode (``qdrant-client`` ``path=``, today's
 backend; only up to ``--qdrant-local-max`` pages, 2,000: its build is slow); Qdrant's Rust
-engine in-process (``qdrant-edge-py``, where installed): plain MaxSim, float32 and int8
-scalar-quantised; pooled / MUVERA-style first stage + exact MaxSim re-rank
+engine in-process (``qdrant-edge-py``, where installed): plain (exact) MaxSim, float32 and int8
+scalar-quantised without rescoring, and its HNSW index over the multi-vectors (m 16, ef 100),
+float32 and int8 with rescoring (int8 only up to ``--qdrant-hnsw-int8-max`` pages); pooled / MUVERA-style first stage + exact MaxSim re-rank
 (``backends.late_interaction``). Latency: each query timed alone (p50/p99), and the whole batch.
 """
 
@@ -187,34 +188,56 @@ class QdrantLocal:
 
 
 class QdrantEdge:
-    def __init__(self, int8: bool):
-        self.int8 = int8
-        self.name = "qdrant engine (edge), plain" + (", int8 SQ" if int8 else ", f32")
+    """Qdrant's Rust engine in-process: plain (exact) or HNSW over the multi-vectors.
+
+    HNSW: one graph node per page, MaxSim as the graph's similarity (Qdrant's multivector HNSW).
+    The optimizer only indexes a segment above ``indexing_threshold`` KB (0 turns indexing off),
+    so the threshold is set to 1 KB and ``optimize()`` builds the graph (blocking); ``build``
+    checks that every page ended up indexed. With int8 the graph is built and searched on the
+    quantized vectors; ``rescore`` re-scores ``oversampling`` x the limit with the float32
+    originals.
+    """
+
+    def __init__(self, int8: bool, hnsw: bool = False, rescore: bool = False,
+                 m: int = 16, ef: int = 100, oversampling: float = 2.0):
+        self.int8, self.hnsw, self.rescore = int8, hnsw, rescore
+        self.m, self.ef, self.oversampling = (m if hnsw else 0), ef, oversampling
+        kind = f"HNSW m{m} ef{ef}" if hnsw else "plain"
+        quant = (", int8 SQ" + (f" + rescore x{oversampling:g}" if rescore else "")) if int8 \
+            else ", f32"
+        self.name = f"qdrant engine (edge), {kind}{quant}"
 
     def build(self, pages, work):
         import qdrant_edge as qe
 
-        self.path = work / f"qdrant-edge-{int(self.int8)}"
+        self.path = work / f"qdrant-edge-{int(self.int8)}{'-hnsw' if self.hnsw else ''}"
         shutil.rmtree(self.path, ignore_errors=True)
         quant = qe.ScalarQuantizationConfig(qe.ScalarType.Int8, quantile=0.99,
                                             memory=qe.Memory.Pinned) if self.int8 else None
         params = qe.EdgeVectorParams(
             size=pages[0].shape[1], distance=qe.Distance.Dot, quantization_config=quant,
             multivector_config=qe.MultiVectorConfig(qe.MultiVectorComparator.MaxSim),
-            hnsw_config=qe.HnswIndexConfig(m=0, ef_construct=100, full_scan_threshold=10))
-        self.shard = qe.EdgeShard.create(str(self.path), qe.EdgeConfig(vectors=params))
+            hnsw_config=qe.HnswIndexConfig(m=self.m, ef_construct=self.ef, full_scan_threshold=10))
+        optimizers = qe.EdgeOptimizersConfig(indexing_threshold=1) if self.hnsw else None
+        self.shard = qe.EdgeShard.create(str(self.path), qe.EdgeConfig(vectors=params,
+                                                                       optimizers=optimizers))
         for lo in range(0, len(pages), 256):
             self.shard.update(qe.UpdateOperation.upsert_points(
                 [qe.Point(i, pages[i].tolist()) for i in range(lo, min(lo + 256, len(pages)))]))
-        self.shard.optimize()  # builds the quantized storage
+        self.shard.optimize()  # builds the quantized storage and, with m > 0, the HNSW graph
         self.shard.flush()
+        indexed = self.shard.info().indexed_vectors_count
+        if self.hnsw and indexed < len(pages):
+            raise RuntimeError(f"HNSW indexed {indexed} of {len(pages)} pages")
         return None, dir_bytes(self.path)
 
     def search(self, queries):
         import qdrant_edge as qe
 
-        params = qe.SearchParams(quantization=qe.QuantizationSearchParams(rescore=False)) \
+        quant = qe.QuantizationSearchParams(
+            rescore=self.rescore, oversampling=self.oversampling if self.rescore else None) \
             if self.int8 else None
+        params = qe.SearchParams(hnsw_ef=self.ef if self.hnsw else None, quantization=quant)
         answers = self.shard.query_batch(qe.QueryBatchRequest([
             qe.QueryRequest(limit=TOP, query=qe.Query.Nearest(q.tolist()), params=params)
             for q in queries]))
@@ -224,18 +247,25 @@ class QdrantEdge:
         self.shard.close()
 
 
-def engines(size: int, skip: set[str]):
+def engines(size: int, args):
+    skip = set(args.skip)
     out = [Exact()]
-    if "qdrant-local" not in skip:
+    if "qdrant-local" not in skip and size <= args.qdrant_local_max:
         out.append(QdrantLocal())
     try:
         import qdrant_edge  # noqa: F401
-
-        out += [QdrantEdge(False), QdrantEdge(True)]
     except ImportError:
         print("qdrant-edge-py not installed: the Qdrant engine rows are left out")
-    out += [Late("pooled mean + MaxSim top-256", bits=0, repetitions=1, candidates=256),
-            Late("FDE 8x16x32 + MaxSim top-256", bits=4, repetitions=8, candidates=256)]
+    else:
+        if "qdrant-plain" not in skip:
+            out += [QdrantEdge(False), QdrantEdge(True)]
+        if "qdrant-hnsw" not in skip:
+            out.append(QdrantEdge(False, hnsw=True))
+            if size <= args.qdrant_hnsw_int8_max:
+                out.append(QdrantEdge(True, hnsw=True, rescore=True))
+    if "first-stage" not in skip:
+        out += [Late("pooled mean + MaxSim top-256", bits=0, repetitions=1, candidates=256),
+                Late("FDE 8x16x32 + MaxSim top-256", bits=4, repetitions=8, candidates=256)]
     return out
 
 
@@ -252,9 +282,7 @@ def run(size: int, base, prompt, args, work: Path) -> list[dict]:
           f"({vectors / size:.0f} a page), {len(queries)} queries of {len(queries[0])} vectors")
     oracle = None
     rows = []
-    for engine in engines(size, set(args.skip)):
-        if isinstance(engine, QdrantLocal) and size > args.qdrant_local_max:
-            continue
+    for engine in engines(size, args):
         rss0, t = rss_mb(), time.perf_counter()
         ram, disk = engine.build(pages, work)
         build_s = time.perf_counter() - t
@@ -323,7 +351,11 @@ def main(argv=None) -> None:
     ap.add_argument("--distinct", type=int, default=2000, help="page images really encoded")
     ap.add_argument("--qdrant-local-max", type=int, default=2000,
                     help="largest corpus to run qdrant-client local mode on")
-    ap.add_argument("--skip", nargs="*", default=[], help="e.g. qdrant-local")
+    ap.add_argument("--qdrant-hnsw-int8-max", type=int, default=2000,
+                    help="largest corpus to build the int8 HNSW on (its build is the slowest)")
+    ap.add_argument("--skip", nargs="*", default=[],
+                    choices=["qdrant-local", "qdrant-plain", "qdrant-hnsw", "first-stage"],
+                    help="engine families to leave out (the exact oracle always runs)")
     ap.add_argument("--work", type=Path, help="kept between runs (caches the encoded pages)")
     args = ap.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
