@@ -51,6 +51,9 @@ SKIPPED_DOCS = {
                       "checkpoint (Qwen2.5-VL-7B), your qa_train.json and my_index",
     "docs/datasets.md": "no commands to run; its examples are what tests/rollout/test_dataset_first_hour.py "
                         "checks the converter prints",
+    "docs/evaluation.md": "its commands need a benchmark's own files, an index of its documents and a "
+                          "checkpoint; tests/evaluation/test_evaluate_job.py runs evaluate on questions about the "
+                          "sample corpus in two sets' layouts, in both scopes",
     "docs/dense-corpus.md": "its one command is a benchmark of several minutes (scripts/bench_dense_corpus.py), "
                             "not a test",
     "docs/encoder-speed.md": "its commands are benchmarks (scripts/bench_encoder.py), not tests; the "
@@ -85,6 +88,9 @@ NOT_RUN = {
     ".venv/bin/vrag-rollout convert-dataset vidoseek.json --from vidoseek --out corpus.parquet --index my_index":
         "ViDoSeek's own file and your index; tests/rollout/test_corpus_rollout.py converts questions in that "
         "layout in corpus scope and rolls them out",
+    ".venv/bin/vrag-rollout evaluate --data mmlb.parquet --model my_checkpoint --index my_index --out eval/mmlb":
+        "a benchmark's files, their index and your checkpoint; tests/evaluation/test_evaluate_job.py runs "
+        "evaluate on questions about the sample corpus",
     ".venv/bin/vrag-rollout rollout --data my_questions.parquet --index my_index --out artifacts/mine.pt":
         "your own questions and index; tests/rollout/test_rollout_job.py runs rollout on its own "
         "documents and questions, and `check` passes the batch",

@@ -87,6 +87,18 @@ def _cases(own, down_url, own_server):
         "convert-dataset/wrong-path": (["convert-dataset", str(gone / "q.json"), "--out", str(gone / "q.parquet")],
                                        "No such file"),
         "build-tiny-model/wrong-path": (["build-tiny-model", "/proc/no/such/dir"], "cannot build the model there"),
+        # evaluate: the same mistakes, and a checkpoint that is not one
+        "evaluate/down": (["evaluate", *data, "--model", str(gone), "--out", str(gone / "e"),
+                           "--retriever-url", down_url], "no answer"),
+        "evaluate/missing-document": (["evaluate", *data, "--model", str(gone), "--out", str(gone / "e"),
+                                       "--index", str(own.partial_index)],
+                                      "does not hold 1 document(s) of this batch: garden_plan"),
+        "evaluate/wrong-type": (["evaluate", "--data", str(own.questions), "--model", str(gone), "--out",
+                                 str(gone / "e"), "--index", str(own.index)], "not a readable parquet file"),
+        "evaluate/wrong-path": (["evaluate", "--data", str(gone / "q.parquet"), "--model", str(gone), "--out",
+                                 str(gone / "e"), "--index", str(own.index)], "no such file"),
+        "evaluate-model/wrong-path": (["evaluate", *data, "--model", str(gone), "--out", str(gone / "e"),
+                                       "--index", str(own.index)], "not a local model directory"),
     }
 
 
@@ -97,7 +109,9 @@ CASE_NAMES = ["demo/down", "rollout/down", "learn/down", "learn-data/down", "rec
               "check/wrong-type", "view/wrong-type", "convert-dataset/wrong-type", "convert-dataset-index/wrong-type",
               "demo/wrong-path", "rollout/wrong-path", "rollout-index/wrong-path", "learn/wrong-path",
               "record-fixtures/wrong-path", "check/wrong-path", "view/wrong-path", "convert-dataset/wrong-path",
-              "build-tiny-model/wrong-path"]
+              "build-tiny-model/wrong-path",
+              "evaluate/down", "evaluate/missing-document", "evaluate/wrong-type", "evaluate/wrong-path",
+              "evaluate-model/wrong-path"]
 
 
 def _is_usage_line(line: str) -> bool:

@@ -2,7 +2,7 @@
 
 vrag_rollout: `core/` is pure (no engine, no retriever, no vllm, no HTTP library); `formats/`
 (one module per action format) only `core/`; only `engine/` imports vllm; `verify/` imports only `verify/`; `retrieval/` imports nothing of the
-episode logic, the engine or the rollout; `training/` (the policy update) only `core/`; nothing
+episode logic, the engine or the rollout; `training/` (the policy update) only `core/`; `evaluation/` (scoring) only `core/`; nothing
 below `rollout/` imports it; no import cycle.
 retriever_server, lowest layer first: `contract` (the wire contract) imports nothing; `storage/`
 (the index on disk) only itself; `encoders/` only itself; `backends/` storage and encoders;
@@ -115,6 +115,7 @@ ROLLOUT_RULES = [
     ("retrieval", ["retrieval"], ("vllm",)),
     ("verify", ["verify"], ("vllm", "retriever_server")),
     ("training", ["training", "core", *LEAVES], ("vllm", "retriever_server", *HTTP)),
+    ("evaluation", ["evaluation", "core", *LEAVES], ("vllm", "retriever_server", *HTTP)),
 ]
 SERVER_RULES = [
     ("contract", [], ()),

@@ -167,4 +167,4 @@ def test_the_engine_commands_keep_torchs_cpp_log_to_errors_without_a_gpu(monkeyp
     monkeypatch.setattr(glob, "glob", lambda pattern: ["/dev/nvidia0"])
     cli.quiet_cpu_start()
     assert "TORCH_CPP_LOG_LEVEL" not in cli.os.environ
-    assert set(cli.ENGINE_COMMANDS) == {"demo", "rollout", "learn"}
+    assert set(cli.ENGINE_COMMANDS) == {"demo", "rollout", "learn", "evaluate"}

@@ -94,6 +94,38 @@ def build_parser() -> argparse.ArgumentParser:
                               "makes a tiny random model act (default: on without --model, off with it)")
     _retriever_preflight(rollout)
 
+    evaluate = subcommand(
+        "evaluate", help="score a checkpoint on a converted benchmark the way its paper does: greedy rollouts, "
+                         "the set's own scoring, retrieval recall and NDCG; results.jsonl (resumable) and a report",
+    )
+    evaluate.add_argument("--data", type=Path, required=True,
+                          help="a benchmark converted with `convert-dataset --from SET` (either --layout)")
+    evaluate.add_argument("--model", required=True, help="the checkpoint to evaluate (a local directory)")
+    evaluate.add_argument("--index", type=Path, default=None,
+                          help="the benchmark's retriever index (vrag-retriever index), served for the run")
+    evaluate.add_argument("--retriever-url", default=None, help="a running retriever instead (vrag-retriever serve)")
+    evaluate.add_argument("--out", type=Path, required=True,
+                          help="the evaluation's directory: results.jsonl, report.md, report.json, episodes/")
+    evaluate.add_argument("--scope", choices=["corpus", "document"], default=None,
+                          help="search the whole index or each question's own document (default: as converted)")
+    evaluate.add_argument("--max-turns", type=int, default=4, help="turns per question (the last must answer)")
+    evaluate.add_argument("--capped", choices=["wrong", "exclude"], default="wrong",
+                          help="an episode that ended without an answer scores as wrong, or is left out")
+    evaluate.add_argument("--unanswerable", choices=["score", "exclude"], default="score",
+                          help="questions a set marks unanswerable are scored, or left out")
+    evaluate.add_argument("--response-length", type=int, default=1024,
+                          help="token budget of an episode's response (sampled text and observations)")
+    evaluate.add_argument("--top-n", type=int, default=3, help="pages a search returns")
+    evaluate.add_argument("--judge", default=None,
+                          help="a local checkpoint that judges ViDoSeek answers with the pinned prompt (served by "
+                               "vLLM here); the rule-based scores are reported beside its verdicts")
+    evaluate.add_argument("--batch-size", type=int, default=8, help="questions rolled out together")
+    evaluate.add_argument("--limit", type=int, default=None, help="only the file's first LIMIT questions")
+    evaluate.add_argument("--seed", type=int, default=0, help="base of the per-question seeds")
+    evaluate.add_argument("--grammar", action="store_true",
+                          help="confine every turn to a well-formed action: what makes a tiny random model act "
+                               "(never for a trained checkpoint: it would change what is measured)")
+
     learn = subcommand(
         "learn", help="GRPO on CPU with a tiny model: roll out, score, update the HF model, sync it into the engine, "
                       "check; writes metrics.jsonl, reward.png, final/ and eval.pt",
@@ -225,7 +257,7 @@ def subcommand_parser(parser: argparse.ArgumentParser, name: str) -> argparse.Ar
     return commands.choices[name]
 
 
-ENGINE_COMMANDS = ("demo", "rollout", "learn")
+ENGINE_COMMANDS = ("demo", "rollout", "learn", "evaluate")
 
 
 def quiet_cpu_start() -> None:
@@ -277,6 +309,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 0
     if args.command == "learn":
         return _learn(args, parser)
+    if args.command == "evaluate":
+        return _evaluate(args, parser)
     if args.command == "record-fixtures":
         return _record_fixtures(args, parser)
     if args.command == "build-tiny-model":
@@ -332,6 +366,32 @@ def _demo(args: argparse.Namespace) -> int:
              action_format=args.action_format, region_action=args.region_action,
              retriever_preflight=args.retriever_preflight)
     return 0
+
+
+def _evaluate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .devkit.evaluate_job import run_evaluation
+    from .evaluation.protocol import Protocol
+
+    for name in ("max_turns", "response_length", "top_n", "batch_size", "limit"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    protocol = Protocol(scope=args.scope, max_turns=args.max_turns, capped=args.capped,
+                        unanswerable=args.unanswerable, response_length=args.response_length, top_n=args.top_n,
+                        seed=args.seed)
+    report = run_evaluation(args.out, data=args.data, model=args.model, protocol=protocol, index=args.index,
+                            retriever_url=args.retriever_url, batch_size=args.batch_size, limit=args.limit,
+                            grammar=args.grammar, judge_model=args.judge)
+    for name, bench in report["benchmarks"].items():
+        shown = ", ".join(f"{key} {100 * value:.1f}" for key, value in bench["scores"].items()
+                          if key in ("accuracy", "f1", "judge_accuracy"))
+        print(f"{name}: {bench['counted']} of {bench['questions']} questions counted; {shown}; "
+              f"recall {_percent(bench['retrieval']['recall'])}, ndcg {_percent(bench['retrieval']['ndcg'])}")
+    print(f"report: {args.out / 'report.md'} (results: {args.out / 'results.jsonl'})")
+    return 0
+
+
+def _percent(value: Optional[float]) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
 
 
 def _learn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

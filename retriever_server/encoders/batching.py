@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout  # the builtin TimeoutError from 3.11 on
 from dataclasses import dataclass, field
 
 _STOP = object()
@@ -59,7 +60,7 @@ class QueryBatcher:
         timeout = self.timeout_s if timeout_s is None else timeout_s
         try:
             return request.future.result(timeout=timeout)
-        except TimeoutError:
+        except FutureTimeout:
             if request.future.cancel() or not request.future.done():
                 raise TimeoutError(f"query encoding did not finish within {timeout:g}s") from None
             return request.future.result(timeout=0)  # finished in the meantime

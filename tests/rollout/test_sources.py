@@ -390,9 +390,14 @@ def test_vidoseek_is_the_default_and_its_examples_wrapper_is_read(tmp_path):
         # today's rows, unchanged: no answerable key for the VRAG layout
         assert rows[0]["answer"] == {"answer": "195-205 Centigrade", "doc_id": "Pretreatment_of_Switchgrass",
                                      "gold_pages": [10, 11]}
+        # the named set's rows also carry what its evaluation reads; your own questions' do not
+        named = ("eval",) if kwargs else ()
+        assert pq.read_table(tmp_path / "v.parquet").column_names == list(dataset.COLUMNS) + list(named)
     assert sources.list_documents("vidoseek", src) == [
         sources.Document("Pretreatment_of_Switchgrass", "Pretreatment_of_Switchgrass.pdf", "pdf")]
-    assert pq.read_table(tmp_path / "v.parquet").column_names == list(dataset.COLUMNS)
+    evaluation = json.loads(pq.read_table(tmp_path / "v.parquet").column("eval")[0].as_py())
+    assert evaluation == {"set": "vidoseek", "document": "Pretreatment_of_Switchgrass", "answer_format": None,
+                          "categories": {"source_type": "Text", "query_type": "Multi-Hop"}}
 
 
 # --- across sets
@@ -410,7 +415,8 @@ def test_every_set_reads_to_the_same_record_layout(tmp_path):
     for name, path in files.items():
         (where, record), = list(sources.read_source(name, path))
         assert where in ("line 1", "item 1")
-        assert set(record) == {"uid", "query", "reference_answer", "meta_info", "answerable", "_source"}, name
+        assert set(record) == {"uid", "query", "reference_answer", "meta_info", "answerable", "_source", "_eval"}, name
+        assert set(record["_eval"]) - {"reference"} == {"answer_format", "categories"}, name
         assert record["meta_info"]["reference_page"] == [1], name  # counted from 1 whatever the set's base
         dataset._Question.model_validate(record)  # what dataset.py validates
     with pytest.raises(ValueError, match="source_format must be one of"):

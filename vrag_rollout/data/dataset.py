@@ -28,7 +28,11 @@ collate turns equal-length lists into a 2-D object array):
 - `gold_pages`: the gold pages as a JSON list (for reading; the reward uses `answer`);
 - `question_id`: the input's `uid` as a string (EasyR1 sets its own `uid` column per batch);
 - `page_count` (with an index only): the document's page count in that index, null for a
-  document it lacks; the rollout's preflight refuses a retriever that serves another count.
+  document it lacks; the rollout's preflight refuses a retriever that serves another count;
+- `eval` (with `source_format` named, a public set): what `vrag-rollout evaluate` scores by, as
+  JSON `{"set", "document", "answer_format", "categories"}`: the set, the question's own
+  document (in either scope), the answer format its scoring reads (MMLongBench-Doc, LongDocURL)
+  and the set's own category fields for the report (`sources`' `_eval`).
 
 `layout="verl"` writes the same rows in the columns verl's `RLHFDataset` and agent loops read
 (docs/verl.md): `prompt` as chat messages (one user turn), `agent_name` ("vrag_agent"),
@@ -107,6 +111,7 @@ from .sources import MISSING, layout_hint
 
 COLUMNS = ("prompt", "answer", "doc_id", "gold_pages", "question_id")
 PAGE_COUNT = "page_count"  # AgentRolloutConfig.page_count_key's default
+EVAL = "eval"  # what `vrag-rollout evaluate` scores by (a named set's rows only)
 SPLIT_KEYS = {"question": "question_id", "document": "doc_id"}
 LAYOUTS = ("easyr1", "verl")
 SOURCE_FORMATS = ("vidoseek", "slidevqa", "mmlongbench-doc", "mmdocir", "longdocurl")  # = sources.SOURCE_FORMATS
@@ -411,6 +416,7 @@ def convert_rows(path: Path, *, page_base: int = 1, documents: Optional[dict] = 
     scope = scope or default_scope(source_format)
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+    named_set = source_format  # a public set named: its rows carry what its scoring reads (EVAL)
     source_format = source_format or "vidoseek"
     if page_base not in (0, 1):
         raise ValueError(f"page_base must be 0 or 1, got {page_base}")
@@ -423,7 +429,8 @@ def convert_rows(path: Path, *, page_base: int = 1, documents: Optional[dict] = 
         raise ValueError(f"page_base is for the vidoseek layout only: {source_format}'s pages are read in that "
                          "set's own numbering")
     report = report if report is not None else ConversionReport()
-    columns: dict = {name: [] for name in COLUMNS + ((PAGE_COUNT,) if documents is not None else ())}
+    columns: dict = {name: [] for name in COLUMNS + ((PAGE_COUNT,) if documents is not None else ())
+                     + ((EVAL,) if named_set is not None else ())}
     seen: dict = {}
     for where, record in (_set_records(source_format, path) if from_set else _records(path)):
         question = _question(where, record, page_base)
@@ -473,6 +480,9 @@ def convert_rows(path: Path, *, page_base: int = 1, documents: Optional[dict] = 
         columns["doc_id"].append(doc_id if scope == "document" else None)
         columns["gold_pages"].append(json.dumps(gold, ensure_ascii=False))
         columns["question_id"].append(qid)
+        if named_set is not None:
+            columns[EVAL].append(json.dumps({"set": named_set, "document": doc_id,
+                                             **evaluation_fields(question, source)}, ensure_ascii=False))
         if documents is not None:  # a corpus row has no document of its own to count
             columns[PAGE_COUNT].append(documents.get(doc_id) if scope == "document" else None)
         report.written += 1
@@ -482,6 +492,16 @@ def convert_rows(path: Path, *, page_base: int = 1, documents: Optional[dict] = 
         raise DatasetError("file", "<questions>", f"no questions left: all {report.rows} dropped "
                                                   "(their documents or gold pages are not in the index)")
     return columns
+
+
+def evaluation_fields(question: _Question, source: Optional[dict]) -> dict:
+    """The answer format and the set's categories of a question (`sources`' `_eval`; ViDoSeek's
+    from its `meta_info`)."""
+    from .sources import vidoseek_categories
+
+    if source is not None:
+        return dict((question.model_extra or {}).get("_eval") or {"answer_format": None, "categories": {}})
+    return {"answer_format": None, "categories": vidoseek_categories(question.meta_info.model_extra or {})}
 
 
 def index_documents(index_dir: Path) -> dict:
@@ -591,8 +611,9 @@ def verl_rows(columns: dict, data_source: str) -> list[dict]:
                "reward_model": {"ground_truth": columns["answer"][i], "style": "rule"},
                "extra_info": {"index": i, "question_id": qid, "gold_pages": columns["gold_pages"][i]},
                "doc_id": columns["doc_id"][i]}
-        if PAGE_COUNT in columns:
-            row[PAGE_COUNT] = columns[PAGE_COUNT][i]
+        for name in (PAGE_COUNT, EVAL):
+            if name in columns:
+                row[name] = columns[name][i]
         rows.append(row)
     return rows
 

@@ -9,8 +9,13 @@ question layout `vrag_rollout.data.dataset` converts, with pages already counted
      "meta_info": {"file_name": ..., "reference_page": [1-based pages]},
      "answerable": true | false,
      "_source": {"set", "doc_id", "kind", "page_field", "page_base", "id_field",
-                 "pages_are_numbers"}}
+                 "pages_are_numbers"},
+     "_eval": {"answer_format", "categories"}}
 
+`_eval` holds what the evaluation report reads: the set's answer format where its scoring uses
+one, a list answer's items (`reference`, LongDocURL: the answer text joins them), and its own
+category fields (`categories`: e.g. MMLongBench-Doc's `evidence_sources`,
+SlideVQA's `reasoning_type`), written by `convert-dataset` into the `eval` column.
 `_source` says where the record came from, so that a later error (a gold page past its
 document's end in the index, a repeated question id) names the set's own field and page number; `doc_id` is the id
 `vrag-retriever index` gives the document (a PDF's stem, an image folder's name) and `kind`
@@ -87,6 +92,7 @@ What each reader reads (facts from the sets' own releases; field names as they s
 
 from __future__ import annotations
 
+import ast
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -262,12 +268,47 @@ def _stem(file_name: str) -> str:
 
 def _record(uid: str, query: str, answer: str, file_name: str, pages: list, *, answerable: bool, set_name: str,
             doc_id: str, kind: str, page_field: str, page_base: int, id_field: str,
-            pages_are_numbers: bool = False) -> dict:
+            pages_are_numbers: bool = False, answer_format: Optional[str] = None,
+            categories: Optional[dict] = None, reference: Optional[list] = None) -> dict:
+    evaluation = {"answer_format": answer_format, "categories": _categories(categories or {})}
+    if reference is not None:  # a list answer as the set's scoring reads it (the answer text joins it)
+        evaluation["reference"] = reference
     return {"uid": uid, "query": query, "reference_answer": answer,
             "meta_info": {"file_name": file_name, "reference_page": pages},
             "answerable": answerable,
             "_source": {"set": set_name, "doc_id": doc_id, "kind": kind, "page_field": page_field,
-                        "page_base": page_base, "id_field": id_field, "pages_are_numbers": pages_are_numbers}}
+                        "page_base": page_base, "id_field": id_field, "pages_are_numbers": pages_are_numbers},
+            "_eval": evaluation}
+
+
+def _categories(found: dict) -> dict:
+    """The set's own category fields of a question, for the evaluation report's breakdown: text
+    values as they are, a list written as a string ("['Chart', 'Table']") read as a list; empty
+    and other values left out (a category is a label, never an error)."""
+    out = {}
+    for name, value in found.items():
+        if isinstance(value, str) and value.strip().startswith("["):
+            try:
+                value = ast.literal_eval(value.strip())
+            except (ValueError, SyntaxError):
+                pass
+        if isinstance(value, list):
+            value = [str(item) for item in value if isinstance(item, (str, int)) and str(item).strip()]
+        if isinstance(value, str) and value.strip() or isinstance(value, list) and value:
+            out[name] = value
+    return out
+
+
+def _list_answer(value: Any) -> Optional[list]:
+    """A list answer's items as texts (numbers as their source text), or None for any other."""
+    if not isinstance(value, list):
+        return None
+    return [item if isinstance(item, str) else number_text(item) for item in value]
+
+
+def vidoseek_categories(meta_info: dict) -> dict:
+    """ViDoSeek's categories (`meta_info.source_type`, `meta_info.query_type`)."""
+    return _categories({name: meta_info.get(name) for name in ("source_type", "query_type")})
 
 
 # --- one reader per set
@@ -286,7 +327,8 @@ def read_vidoseek(rows: Rows) -> Iterator[tuple[str, dict]]:
         kind = "pdf" if file_name.lower().endswith(".pdf") else "images"
         yield where, {**row, "_source": {"set": "vidoseek", "doc_id": _stem(file_name), "kind": kind,
                                          "page_field": "meta_info.reference_page", "page_base": 1,
-                                         "id_field": "uid"}}
+                                         "id_field": "uid"},
+                      "_eval": {"answer_format": None, "categories": vidoseek_categories(meta)}}
 
 
 def read_slidevqa(rows: Rows) -> Iterator[tuple[str, dict]]:
@@ -297,7 +339,9 @@ def read_slidevqa(rows: Rows) -> Iterator[tuple[str, dict]]:
                              deck, _pages(where, _field(where, row, "evidence_pages"), "evidence_pages", 1),
                              answerable=True, set_name="slidevqa", doc_id=deck, kind="images",
                              page_field="evidence_pages", page_base=1, id_field="qa_id",
-                             pages_are_numbers=True)
+                             pages_are_numbers=True, answer_format=row.get("answer_type"),
+                             categories={"reasoning_type": row.get("reasoning_type"),
+                                         "answer_type": row.get("answer_type")})
 
 
 def _page_list_text(where: str, value: Any, path: str) -> Any:
@@ -330,7 +374,9 @@ def read_mmlongbench_doc(rows: Rows) -> Iterator[tuple[str, dict]]:
         counts[doc_id] = counts.get(doc_id, 0) + 1
         yield where, _record(f"{doc_id}#{counts[doc_id]}", _text(where, row, "question"), answer, file_name, pages,
                              answerable=answerable, set_name="mmlongbench-doc", doc_id=doc_id, kind="pdf",
-                             page_field="evidence_pages", page_base=1, id_field="doc_id")
+                             page_field="evidence_pages", page_base=1, id_field="doc_id", answer_format=answer_format,
+                             categories={"evidence_sources": row.get("evidence_sources"),
+                                         "answer_format": answer_format, "doc_type": row.get("doc_type")})
 
 
 def read_mmdocir(rows: Rows) -> Iterator[tuple[str, dict]]:
@@ -348,7 +394,8 @@ def read_mmdocir(rows: Rows) -> Iterator[tuple[str, dict]]:
             yield where, _record(f"{doc_id}#{k + 1}", _text(where, item, "Q", f"{at}.Q"),
                                  _answer(where, item, "A", f"{at}.A"), file_name, pages, answerable=True,
                                  set_name="mmdocir", doc_id=doc_id, kind="pdf", page_field=f"{at}.page_id",
-                                 page_base=0, id_field="doc_name")
+                                 page_base=0, id_field="doc_name",
+                                 categories={"type": item.get("type"), "domain": row.get("domain")})
 
 
 def read_longdocurl(rows: Rows) -> Iterator[tuple[str, dict]]:
@@ -363,7 +410,11 @@ def read_longdocurl(rows: Rows) -> Iterator[tuple[str, dict]]:
         pages = _pages(where, _field(where, row, "evidence_pages"), "evidence_pages", 1)
         yield where, _record(_id_text(where, row, "question_id"), _text(where, row, "question"), answer,
                              f"{doc_no}.pdf", pages, answerable=answerable, set_name="longdocurl", doc_id=doc_no,
-                             kind="pdf", page_field="evidence_pages", page_base=1, id_field="question_id")
+                             kind="pdf", page_field="evidence_pages", page_base=1, id_field="question_id",
+                             answer_format=answer_format, reference=_list_answer(row.get("answer")),
+                             categories={"task_tag": row.get("task_tag"), "answer_format": answer_format,
+                                         "evidence_sources": row.get("evidence_sources"),
+                                         "question_type": row.get("question_type")})
 
 
 # Each set's reader, and the keys of an object that may hold its rows (ViDoSeek's {"examples": [...]}).

@@ -166,6 +166,14 @@ def create_llm(**llm_kwargs: Any) -> Any:
     return LLM(**llm_kwargs)
 
 
+def greedy_texts(llm: Any, prompts: Sequence[str], max_tokens: int) -> list[str]:
+    """Each text prompt's greedy completion (a judge's verdict: text in, text out, no images)."""
+    from vllm import SamplingParams
+
+    outputs = llm.generate(list(prompts), SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
+    return [output.outputs[0].text for output in outputs]
+
+
 def build_llm(model_path: str, config: Any, max_images: int) -> Any:
     """A `vllm.LLM` built as EasyR1 builds its rollout engine, minus what the platform lacks."""
     configure_cpu_defaults()

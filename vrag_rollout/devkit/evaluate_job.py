@@ -1,0 +1,342 @@
+"""`vrag-rollout evaluate`: a checkpoint scored the way each benchmark's paper scores it.
+
+Contract: `run_evaluation(out, data=, model=, index= | retriever_url=, protocol=, ...)` reads a
+converted benchmark file (`convert-dataset --from SET`, either layout; its `eval` column names the
+set, the question's document, its answer format and the set's own categories), rolls the
+checkpoint out greedily (one sample per question, temperature 0) with the agent in batches of
+`batch_size` against the retriever, and appends one record per question to `out/results.jsonl`
+(`evaluation.results`: the answer, how the episode ended, its pages, each metric of the set's
+scorer, the retrieval metrics and, for ViDoSeek with a judge, the judge's verdict). Each batch
+is saved (`out/episodes/batch-NNNN.pt`, the saved-batch format) with its HTML view beside it.
+An interrupted run continues from `results.jsonl`: questions already there are not rolled out
+again, and a file written under another protocol, data file or model is refused. At the end it
+writes `report.json` and `report.md` (`evaluation.report`) and returns the report.
+
+The protocol (`evaluation.protocol.Protocol`) is explicit: `scope` overrides the data's scope
+(corpus: every question searches the whole index; document: its own document, the one the
+conversion recorded) and the prompt's instructions with it, where they are a format's defaults.
+The ViDoSeek judge (`judge`: a local checkpoint, served here by vLLM) reads the pinned prompt
+of `evaluation.scorers.vidoseek`; its verdict is recorded beside the rule-based score.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Optional
+
+from .job_checks import JobInputError, RetrieverSource, check_retriever
+
+EVAL_COLUMN = "eval"  # what `convert-dataset --from SET` records for scoring (dataset.py)
+RESULTS, REPORT_JSON, REPORT_MD, EPISODES = "results.jsonl", "report.json", "report.md", "episodes"
+JUDGED_SET = "vidoseek"  # the set VRAG-RL scores with a model judge
+OWN_SET = "own"  # questions converted without --from: scored with the generic exact match and F1
+
+
+def read_benchmark(data: Path) -> tuple[list, list[dict], list[dict]]:
+    """(prompt samples, ground truths, eval infos) of every row of a converted file."""
+    import pyarrow.parquet as pq
+
+    from ..data.dataset import DatasetError
+    from ..data.questions import read_questions
+
+    if not Path(data).is_file():
+        raise JobInputError(f"--data {data}: no such file (convert a benchmark with `vrag-rollout convert-dataset "
+                            f"--from SET`)")
+    try:
+        samples, truths = read_questions(Path(data))
+    except DatasetError as error:
+        raise JobInputError(f"--data {error}") from error
+    table = pq.read_table(data)
+    infos = []
+    for row, sample in enumerate(samples):
+        raw = table.column(EVAL_COLUMN)[row].as_py() if EVAL_COLUMN in table.column_names else None
+        info = json.loads(raw) if raw else {}
+        truth = truths[row]
+        infos.append({"set": info.get("set") or OWN_SET, "document": info.get("document") or sample.doc_id,
+                      "answer_format": info.get("answer_format"), "categories": info.get("categories") or {},
+                      "reference": info.get("reference"), "answerable": bool(truth.get("answerable", True))})
+    return samples, truths, infos
+
+
+def in_scope(sample: Any, info: dict, scope: Optional[str], action_format: str, region: bool) -> Any:
+    """The sample as the protocol's scope asks: its document named (document) or none (corpus),
+    and the format's instructions for that scope where it carries a format's defaults."""
+    from ..formats import format_named
+    from ..formats.base import SCOPES
+
+    if scope is None:
+        return sample
+    fmt = format_named(action_format)
+    doc_id = info["document"] if scope == "document" else None
+    if scope == "document" and doc_id is None:
+        raise JobInputError("--scope document: the data does not record each question's document; convert it "
+                            "again with `vrag-rollout convert-dataset --from SET`")
+    defaults = {fmt.instructions_for(region, s) for s in SCOPES}
+    instructions = fmt.instructions_for(region, scope) if sample.instructions in defaults else sample.instructions
+    return replace(sample, doc_id=doc_id, instructions=instructions)
+
+
+def question_record(question_id: str, info: dict, sample: Any, truth: dict, text: str, row: dict,
+                    protocol: Any, judge: Optional[dict]) -> dict:
+    """One question's line of `results.jsonl` (pure, given the decoded response and its columns)."""
+    from ..core.reward import last_answer
+    from ..evaluation.retrieval import retrieval_metrics
+    from ..evaluation.scorers import scorer_for
+
+    answer = last_answer(text)
+    scorer = scorer_for(info["set"])
+    reference = info.get("reference") or str(truth["answer"])  # a list answer as the set's scoring reads it
+    metrics = scorer.score(answer, reference, info["answer_format"], info["answerable"], question=sample.question)
+    if judge is not None:  # the judge's verdict beside the rule-based scores (ViDoSeek)
+        from ..evaluation.scorers.vidoseek import with_verdict
+
+        metrics = with_verdict(metrics, judge["verdict"])
+    turn_pages = [list(turn) for turn in row["turn_page_ids"]]
+    return {"question_id": question_id, "set": info["set"], "question": sample.question,
+            "document": info["document"], "scope": "corpus" if sample.doc_id is None else "document",
+            "reference": truth["answer"], "answerable": info["answerable"], "answer_format": info["answer_format"],
+            "categories": info["categories"], "answer": answer, "response": text,
+            "termination": row["termination_reason"],
+            "turns": len(turn_pages), "turn_page_ids": turn_pages, "metrics": metrics,
+            "retrieval": retrieval_metrics(turn_pages, truth), "judge": judge,
+            "counted": protocol.counts(answered=answer is not None, answerable=info["answerable"]),
+            "excluded": protocol.excluded_by(answered=answer is not None, answerable=info["answerable"]),
+            "episode": dict(row["episode"])}
+
+
+class Judge:
+    """The ViDoSeek judge: a local checkpoint generating a verdict for the pinned prompt, greedily.
+
+    Its engine starts on first use, after the policy's: on a GPU it takes `MEMORY_FRACTION` of the
+    card beside the policy's `gpu_memory_utilization` (0.6 by default), and its context holds the
+    prompt and the verdict only (`MAX_MODEL_LEN`)."""
+
+    MAX_TOKENS = 32
+    MEMORY_FRACTION = 0.25
+    MAX_MODEL_LEN = 4096
+
+    def __init__(self, model_dir: str, llm: Any = None):
+        from transformers import AutoTokenizer
+
+        if not (Path(model_dir) / "config.json").is_file():
+            raise JobInputError(f"--judge {model_dir}: not a local model directory (no config.json)")
+        self.model_dir = model_dir
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self._llm = llm
+
+    @property
+    def llm(self) -> Any:
+        if self._llm is None:
+            from ..engine.llm import create_llm
+
+            self._llm = create_llm(model=self.model_dir, dtype="auto", enforce_eager=True,
+                                   gpu_memory_utilization=self.MEMORY_FRACTION, max_model_len=self.MAX_MODEL_LEN)
+        return self._llm
+
+    def batch_verdicts(self, chosen: list[int], samples: list, truths: list, infos: list, texts: list) -> list:
+        """Per row of a batch: the judge's verdict on a ViDoSeek answer, None for other sets; an
+        episode without an answer is wrong without asking."""
+        from ..core.reward import last_answer
+
+        answers = [last_answer(text) for text in texts]
+        asked = [i for i, k in enumerate(chosen) if infos[k]["set"] == JUDGED_SET and answers[i] is not None]
+        found = dict(zip(asked, self.verdicts([(samples[chosen[i]].question, str(truths[chosen[i]]["answer"]),
+                                                answers[i]) for i in asked])))
+        return [found.get(i, {"verdict": False, "text": None}) if infos[k]["set"] == JUDGED_SET else None
+                for i, k in enumerate(chosen)]
+
+    def verdicts(self, items: list[tuple[str, str, str]]) -> list[dict]:
+        """(question, reference, answer) -> {"verdict": bool | None, "text": the judge's words}."""
+        if not items:
+            return []
+        from ..engine.llm import greedy_texts
+        from ..evaluation.scorers.vidoseek import judge_request, read_judge_verdict
+
+        # no thinking: the verdict is the reply's first word, within MAX_TOKENS (templates without the
+        # switch ignore it)
+        prompts = [self.tokenizer.apply_chat_template([{"role": "user", "content": judge_request(q, r, a)}],
+                                                      add_generation_prompt=True, tokenize=False,
+                                                      enable_thinking=False)
+                   for q, r, a in items]
+        return [{"verdict": read_judge_verdict(text), "text": text}
+                for text in greedy_texts(self.llm, prompts, self.MAX_TOKENS)]
+
+
+def run_evaluation(out: Path, *, data: Path, model: str, protocol: Any, index: Optional[Path] = None,
+                   retriever_url: Optional[str] = None, batch_size: int = 8, limit: Optional[int] = None,
+                   grammar: bool = False, judge_model: Optional[str] = None, llm: Any = None,
+                   judge_llm: Any = None, progress: bool = True) -> dict:
+    """The job (module docstring); `llm`/`judge_llm`: running engines of the same models (tests)."""
+    from ..data.questions import written_for
+    from ..evaluation.results import ResultsBusy, ResultsFile, ResultsMismatch
+    from .demo import demo_model
+    from .rollout_job import page_counts_of
+
+    if (index is None) == (retriever_url is None):
+        raise JobInputError("name the retriever: --index DIR (served for the run) or --retriever-url URL")
+    samples, truths, infos = read_benchmark(Path(data))
+    if limit is not None:
+        samples, truths, infos = samples[:limit], truths[:limit], infos[:limit]
+    written = written_for(samples)
+    fmt, region = written if written is not None else ("tags", False)
+    samples = [in_scope(s, i, protocol.scope, fmt, region) for s, i in zip(samples, infos)]
+    if judge_model is not None:  # the report records the judge and its pinned prompt
+        from ..evaluation.scorers.vidoseek import JUDGE_PROMPT, JUDGE_PROMPT_VERSION
+
+        protocol = replace(protocol, judge={"model": str(judge_model), "prompt_version": JUDGE_PROMPT_VERSION,
+                                            "prompt": JUDGE_PROMPT})
+    # what can be wrong is found before any model loads: the retriever, the models, the results file
+    check_retriever(RetrieverSource(index=index, url=retriever_url), [s.doc_id for s in samples],
+                    page_counts_of(Path(data), len(samples)) if protocol.scope != "corpus" else None, "fail")
+    try:
+        model_dir, _family = demo_model(None, model)
+    except (FileNotFoundError, ValueError) as error:
+        raise JobInputError(str(error)) from error
+    judge = Judge(judge_model, judge_llm) if judge_model else None
+    # what a resumed run must share with the first: the protocol, the data (its bytes, not only its
+    # path), the model, the scopes the rows were searched in and whether a grammar shaped the actions
+    header = {"protocol": protocol.to_dict(), "data": str(Path(data).resolve()), "data_sha256": _digest(Path(data)),
+              "model": str(model_dir), "scopes": sorted({"corpus" if s.doc_id is None else "document" for s in samples}),
+              "grammar": bool(grammar)}
+    out = Path(out)
+    try:
+        results = ResultsFile.open(out / RESULTS, header)
+    except (ResultsMismatch, ResultsBusy) as error:
+        raise JobInputError(f"--out {out}: {error}") from error
+    question_ids = _question_ids(Path(data), len(samples))
+    run = _Run(out, model_dir, protocol, samples, truths, infos, question_ids, fmt, region, judge)
+    with results:
+        todo = [k for k, qid in enumerate(question_ids) if qid not in results.done]
+        if todo:
+            run.roll_out(todo, results, index=index, retriever_url=retriever_url, batch_size=batch_size,
+                         grammar=grammar, llm=llm, progress=progress)
+        return run.write_report(results.records, header)
+
+
+@dataclass
+class _Run:
+    """One evaluation's questions, as the protocol asks them, and where its files go."""
+
+    out: Path
+    model_dir: Path
+    protocol: Any
+    samples: list
+    truths: list
+    infos: list
+    question_ids: list
+    action_format: str
+    region: bool
+    judge: Optional[Judge]
+
+    def config_overrides(self, processor: Any, grammar: bool, index: Optional[Path]) -> dict:
+        from .demo import FREE_QUERY, acting_grammar, demo_page_band
+        from .rollout_job import default_prompt_length, grammar_max_page
+
+        p = self.protocol
+        overrides = dict(n=1, temperature=p.temperature, seed=p.seed, max_turns=p.max_turns,
+                         response_length=p.response_length, top_n=p.top_n, action_format=self.action_format,
+                         region_action=self.region, prompt_length=default_prompt_length(self.action_format),
+                         action_regex=None, first_turn_action_regex=None, calculate_log_probs=False)
+        if grammar:  # a tiny random model: well-formed actions, and small pages for a fast CPU run
+            overrides.update(acting_grammar(self.action_format, FREE_QUERY, grammar_max_page(None, index)),
+                             **demo_page_band(processor))
+        return overrides
+
+    def roll_out(self, todo: list[int], results: Any, *, index: Optional[Path], retriever_url: Optional[str],
+                 batch_size: int, grammar: bool, llm: Any, progress: bool) -> None:
+        """Roll `todo` (row numbers) out in batches, appending each batch's records to `results`."""
+        from tqdm import tqdm
+        from transformers import AutoProcessor
+
+        from ..data.prompts import build_prompts
+        from ..engine.llm import configure_cpu_defaults
+        from ..rollout.agent import vLLMRolloutAgent
+        from .demo import demo_config
+
+        configure_cpu_defaults()
+        processor = AutoProcessor.from_pretrained(self.model_dir)
+        (self.out / EPISODES).mkdir(parents=True, exist_ok=True)
+        with ExitStack() as stack:
+            if index is not None:
+                from retriever_server.api.testing import serve_in_thread
+
+                retriever_url = stack.enter_context(serve_in_thread(Path(index)))
+            config = demo_config(retriever_url=retriever_url, **self.config_overrides(processor, grammar, index))
+            agent = vLLMRolloutAgent(str(self.model_dir), config, processor.tokenizer, processor, inference_engine=llm)
+            bar = stack.enter_context(tqdm(total=len(self.samples), initial=len(self.samples) - len(todo),
+                                           unit="question", desc="evaluate", disable=not progress))
+            for start in range(0, len(todo), batch_size):
+                chosen = todo[start:start + batch_size]
+                prompts = build_prompts([self.samples[k] for k in chosen], tokenizer=processor.tokenizer,
+                                        processor=processor, config=config)
+                results.append(self.records(chosen, agent.generate_sequences(prompts), processor, config))
+                bar.update(len(chosen))
+
+    def records(self, chosen: list[int], output: Any, processor: Any, config: Any) -> list[dict]:
+        """A rolled-out batch saved with its view, and its questions' records."""
+        from ..training.learn import episode_texts
+        from ..verify.saved_batch import save_rollout
+        from ..verify.view import write_html
+        from .demo import add_truths_and_rewards
+
+        episodes = self.out / EPISODES
+        number = 1 + max((int(p.stem.removeprefix("batch-")) for p in episodes.glob("batch-[0-9]*.pt")), default=0)
+        add_truths_and_rewards(output, processor.tokenizer, [self.truths[k] for k in chosen])
+        saved = episodes / f"batch-{number:04d}.pt"
+        save_rollout(output, saved, processor=processor, model_path=self.model_dir, config=config)
+        view = write_html(saved, saved.with_suffix(".html"))
+        texts = episode_texts(output, processor.tokenizer)
+        verdicts = [None] * len(chosen)
+        if self.judge is not None:
+            verdicts = self.judge.batch_verdicts(chosen, self.samples, self.truths, self.infos, texts)
+        columns = output.non_tensor_batch
+        return [question_record(self.question_ids[k], self.infos[k], self.samples[k], self.truths[k], texts[i],
+                                {"turn_page_ids": columns["turn_page_ids"][i],
+                                 "termination_reason": columns["termination_reason"][i],
+                                 "episode": {"batch": str(view.relative_to(self.out)), "row": i}},
+                                self.protocol, verdicts[i])
+                for i, k in enumerate(chosen)]
+
+    def write_report(self, records: list[dict], header: dict) -> dict:
+        """`report.json` and `report.md` over this run's questions (a --limit run: only its own)."""
+        from ..evaluation.report import build_report, markdown
+
+        chosen = set(self.question_ids)
+        report = build_report([r for r in records if r["question_id"] in chosen], header)
+        views = sorted(str(p.relative_to(self.out)) for p in (self.out / EPISODES).glob("batch-*.html"))
+        (self.out / REPORT_JSON).write_text(json.dumps({**report, "views": views}, indent=1, ensure_ascii=False),
+                                            encoding="utf-8")
+        (self.out / REPORT_MD).write_text(markdown(report, views), encoding="utf-8")
+        return report
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _question_ids(data: Path, count: int) -> list[str]:
+    """Each row's question id (the converted file's `question_id` column; verl rows keep it in
+    `extra_info`), the key `results.jsonl` resumes by."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(data)
+    if "question_id" in table.column_names:
+        ids = table.column("question_id").to_pylist()
+    else:
+        ids = [(info or {}).get("question_id") for info in table.column("extra_info").to_pylist()]
+    ids = [str(qid) if qid is not None else f"row-{k + 1}" for k, qid in enumerate(ids)][:count]
+    if len(set(ids)) != len(ids):
+        raise JobInputError(f"--data {data}: question ids repeat; results could not be resumed by them")
+    return ids
+
+
+__all__ = ["run_evaluation"]

@@ -1,0 +1,66 @@
+"""The evaluation protocol: every switch that changes a score, pinned and recorded (pure).
+
+Published numbers move with the protocol as much as with the model: whether the agent searches
+the whole corpus or the gold document, how many turns it gets, whether an episode that ran out
+of turns without answering scores as wrong or is left out, and whether unanswerable questions
+count. `Protocol` names each switch; the report prints it beside the numbers, `results.jsonl`
+starts with it, and a resumed evaluation refuses to mix two protocols in one file.
+
+- `scope`: "corpus" (each question searches the whole index; VRAG-RL's setting for ViDoSeek and
+  SlideVQA) or "document" (the question's own document; the long-document sets' setting), or
+  None: as the data was converted.
+- `max_turns`: the agent's turns per question (the last one must answer).
+- `capped`: "wrong" (an episode that ended without an answer, on its turn or token budget,
+  scores 0 like any wrong answer) or "exclude" (left out of every average, and counted apart).
+- `unanswerable`: "score" (questions a set marks unanswerable count; the right answer is the
+  set's "Not answerable") or "exclude" (left out, counted apart).
+- Sampling is greedy (temperature 0, one sample per question), with `seed` recorded.
+- `judge`: the ViDoSeek judge, when one is used: its checkpoint path and prompt version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+SCOPES = ("corpus", "document")
+CAPPED = ("wrong", "exclude")
+UNANSWERABLE = ("score", "exclude")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    scope: Optional[str] = None
+    max_turns: int = 4
+    capped: str = "wrong"
+    unanswerable: str = "score"
+    response_length: int = 1024
+    top_n: int = 3
+    temperature: float = 0.0
+    seed: int = 0
+    judge: Optional[dict] = None  # {"model": path, "prompt_version": ...}
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (("scope", self.scope, SCOPES + (None,)), ("capped", self.capped, CAPPED),
+                                     ("unanswerable", self.unanswerable, UNANSWERABLE)):
+            if value not in allowed:
+                shown = ", ".join(str(a) for a in allowed if a is not None)
+                raise ValueError(f"{name} must be one of {shown}, got {value!r}")
+        if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) or self.max_turns < 1:
+            raise ValueError(f"max_turns must be an integer >= 1, got {self.max_turns!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def counts(self, *, answered: bool, answerable: bool) -> bool:
+        """Whether a question with this outcome enters the averages."""
+        return self.excluded_by(answered=answered, answerable=answerable) is None
+
+    def excluded_by(self, *, answered: bool, answerable: bool) -> Optional[str]:
+        """The switch that leaves a question with this outcome out ("unanswerable" or "capped"),
+        or None when it counts."""
+        if not answerable and self.unanswerable == "exclude":
+            return "unanswerable"
+        if not answered and self.capped == "exclude":
+            return "capped"
+        return None

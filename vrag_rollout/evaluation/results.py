@@ -1,0 +1,123 @@
+"""`results.jsonl`: an evaluation's per-question results, written as they come, resumable.
+
+Contract: the file's first line is the header `{"header": {...}}` (the protocol, the data file
+and its digest, the model, ...); every other line is one question's record (`{"question_id",
+...}`), appended and flushed batch by batch, so an interrupted run loses at most the batch it was
+in. `ResultsFile.open(path, header)` starts a file or resumes one:
+
+- the records already there are kept (`done`); a question recorded twice keeps its first record;
+- a last line cut off mid-write is dropped (that question runs again); an unreadable line
+  anywhere else is skipped and counted (`skipped`), never taken for the end of the file;
+- a file written under another header (another protocol, data file or model) is refused with
+  `ResultsMismatch`: mixing two protocols in one table is the mistake this exists to prevent;
+- one run at a time: the file is locked while open (`close`); a second run on the same file is
+  refused with `ResultsBusy` instead of interleaving its lines.
+
+The header is compared as JSON values.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+
+class ResultsMismatch(ValueError):
+    """An existing results file was written under another protocol, data file or model."""
+
+
+class ResultsBusy(ValueError):
+    """Another evaluation is writing the same results file."""
+
+
+def _lock(path: Path):
+    handle = open(path.with_name(path.name + ".lock"), "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise ResultsBusy(f"another evaluation is writing {path}; wait for it, or name another --out") from None
+    return handle
+
+
+class ResultsFile:
+    def __init__(self, path: Path, header: dict, records: list[dict], lock, skipped: int = 0):
+        self.path, self.header, self.records, self.skipped = Path(path), header, records, skipped
+        self._lock = lock
+
+    @property
+    def done(self) -> set[str]:
+        return {record["question_id"] for record in self.records}
+
+    @classmethod
+    def open(cls, path: Path, header: dict) -> "ResultsFile":
+        path = Path(path)
+        header = json.loads(json.dumps(header))  # as it reads back
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = _lock(path)
+        try:
+            return cls._read(path, header, lock)
+        except BaseException:
+            lock.close()
+            raise
+
+    @classmethod
+    def _read(cls, path: Path, header: dict, lock) -> "ResultsFile":
+        if not path.exists() or path.stat().st_size == 0:
+            path.write_text(json.dumps({"header": header}, ensure_ascii=False) + "\n", encoding="utf-8")
+            return cls(path, header, [], lock)
+        text = path.read_text(encoding="utf-8")
+        lines = text.split("\n")
+        try:
+            found = json.loads(lines[0])["header"]
+        except (ValueError, KeyError, TypeError):
+            raise ResultsMismatch(f"{path} is not an evaluation's results file (no header line); "
+                                  "name another --out") from None
+        if found != header:
+            changed = sorted(key for key in set(found) | set(header) if found.get(key) != header.get(key))
+            raise ResultsMismatch(f"{path} was written with another {', '.join(changed)} "
+                                  f"({found.get(changed[0])!r}, now {header.get(changed[0])!r}); resume with the "
+                                  "same settings, or name another --out")
+        body = lines[1:]
+        cut = not text.endswith("\n") and body and body[-1].strip()  # the write an interruption cut off
+        if cut:
+            body = body[:-1]
+        records, seen, skipped = [], set(), 0
+        for line in body:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                question_id = record["question_id"]
+            except (ValueError, KeyError, TypeError):
+                skipped += 1
+                continue
+            if question_id not in seen:
+                seen.add(question_id)
+                records.append(record)
+        if cut:  # rewrite without the cut line, so the next append starts on a line of its own
+            path.write_text("\n".join([lines[0], *[line for line in body if line.strip()]]) + "\n", encoding="utf-8")
+        return cls(path, header, records, lock, skipped)
+
+    def append(self, records: Iterable[dict]) -> None:
+        """Write `records` at the end, flushed to disk before returning."""
+        records = list(records)
+        with self.path.open("a", encoding="utf-8") as f:
+            for record in records:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.records.extend(records)
+
+    def close(self) -> None:
+        """Release the file for another run."""
+        self._lock.close()
+
+    def __enter__(self) -> "ResultsFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
