@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import functools
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from retriever_server.encoders.tiny import build_tiny_colqwen2
@@ -22,3 +25,16 @@ def dense_index(base: Path, search: str = "dense") -> Path:
     return build_index(pdfs, base / f"qdrant-{search}", progress=False,
                        encoder=f"colqwen2:{tiny_colqwen2(base)}", search=search,
                        min_pixels=64 * 28 * 28, max_pixels=128 * 28 * 28)
+
+
+@contextmanager
+def opened_copy(base: Path, name: str, search: str = "dense") -> Iterator:
+    """The backend of a private copy of the shared dense index (Qdrant's local mode lets one
+    client open a folder), closed on exit."""
+    from retriever_server.backends import open_backend
+
+    backend = open_backend(shutil.copytree(dense_index(base, search=search), base / name))
+    try:
+        yield backend
+    finally:
+        backend.close()

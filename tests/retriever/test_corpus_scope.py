@@ -19,14 +19,13 @@ from fastapi.testclient import TestClient
 
 from retriever_server import contract
 from retriever_server.api.app import create_app
-from retriever_server.backends import open_backend
 from retriever_server.backends.bm25 import Bm25Backend, rank_rows, top_rows
 from retriever_server.encoders.base import maxsim
 from retriever_server.serving import answer_size, wire
 from retriever_server.serving.limits import Limits
 from retriever_server.storage.store import PageStore
 
-from .dense_support import dense_index
+from .dense_support import dense_index, opened_copy
 
 DOCS = ["annual_report", "safety_manual", "product_guide"]  # index order
 # Words on pages of two or three documents, so a corpus search mixes them.
@@ -216,19 +215,14 @@ def test_answer_size_limit_refuses_an_oversized_corpus_search(sample_index):
 
 @pytest.fixture(scope="module")
 def dense(tmp_path_factory):
-    base = tmp_path_factory.getbasetemp()
-    backend = open_backend(shutil.copytree(dense_index(base), base / "dense-corpus-scope"))
-    yield backend
-    backend.close()
+    with opened_copy(tmp_path_factory.getbasetemp(), "dense-corpus-scope") as backend:
+        yield backend
 
 
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory):
-    base = tmp_path_factory.getbasetemp()
-    index = shutil.copytree(dense_index(base, search="hybrid"), base / "hybrid-corpus-scope")
-    backend = open_backend(index)
-    yield backend
-    backend.close()
+    with opened_copy(tmp_path_factory.getbasetemp(), "hybrid-corpus-scope", search="hybrid") as backend:
+        yield backend
 
 
 def test_qdrant_corpus_and_subset_search_equal_brute_force_maxsim(dense):

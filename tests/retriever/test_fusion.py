@@ -3,17 +3,15 @@ computed from its two real backends' own rankings."""
 
 from __future__ import annotations
 
-import shutil
 
 import pytest
 
-from retriever_server.backends import open_backend
 from retriever_server.backends.bm25 import Bm25Backend
 from retriever_server.backends.fusion import HybridBackend, rrf
 from retriever_server.backends.qdrant import QdrantBackend
 from retriever_server.storage.store import PageStore
 
-from .dense_support import dense_index
+from .dense_support import opened_copy
 
 
 def test_rrf_on_hand_made_rankings():
@@ -34,11 +32,8 @@ def test_rrf_k_sets_how_much_the_top_ranks_dominate():
 
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory):
-    base = tmp_path_factory.getbasetemp()
-    index = shutil.copytree(dense_index(base, search="hybrid"), base / "hybrid-copy")
-    backend = open_backend(index)
-    yield backend
-    backend.close()
+    with opened_copy(tmp_path_factory.getbasetemp(), "hybrid-copy", search="hybrid") as backend:
+        yield backend
 
 
 def test_hybrid_index_opens_as_fusion_of_bm25_and_qdrant(hybrid):

@@ -2,6 +2,7 @@
 
 - `prompts`: building a prompt batch as EasyR1 does (chat template, images, position ids).
 - `dataset`: converting document-QA JSON into the trainer's parquet.
+- `writing`: the converted columns written: the validation split and each trainer's parquet layout.
 - `questions`: reading a converted dataset back as prompt samples and ground truths (`learn --data`).
 - `convert_command`: `vrag-rollout convert-dataset`, the command around `dataset` (summary, warnings, exit codes).
 - `sources`: reading the public document-QA sets (SlideVQA, MMLongBench-Doc, MMDocIR, LongDocURL,

@@ -91,7 +91,6 @@ with the set's answer, e.g. "Not answerable", and no gold pages), true otherwise
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -108,17 +107,15 @@ from ..formats import FORMATS
 from ..formats.base import SCOPES
 from .prompts import AGENT_INSTRUCTIONS, instructions_for
 from .sources import MISSING, layout_hint
+from .writing import EVAL, PAGE_COUNT, in_validation, rows_where, split_keys, write_easyr1, write_verl
 
 COLUMNS = ("prompt", "answer", "doc_id", "gold_pages", "question_id")
-PAGE_COUNT = "page_count"  # AgentRolloutConfig.page_count_key's default
-EVAL = "eval"  # what `vrag-rollout evaluate` scores by (a named set's rows only)
 SPLIT_KEYS = {"question": "question_id", "document": "doc_id"}
 LAYOUTS = ("easyr1", "verl")
 SOURCE_FORMATS = ("vidoseek", "slidevqa", "mmlongbench-doc", "mmdocir", "longdocurl")  # = sources.SOURCE_FORMATS
 # The sets VRAG-RL trains and scores over one merged corpus; the others search each question's
 # own document (their papers' protocol), as do your own questions (no source format).
 DEFAULT_SCOPES = {"vidoseek": "corpus", "slidevqa": "corpus"}
-VERL_AGENT_NAME = "vrag_agent"  # integrations/verl's registered loop
 
 
 class DatasetError(ValueError):
@@ -551,13 +548,13 @@ def convert_dataset(source: Path, out: Path, *, index_dir: Optional[Path] = None
                            drop_missing=drop_missing, report=report, action_format=action_format,
                            source_format=source_format, region_action=region_action, scope=scope,
                            source_numbers=manifest.source_numbers() if manifest is not None else None)
-    write = _write_parquet if layout == "easyr1" else (lambda cols, path: _write_verl(cols, path, data_source))
+    write = write_easyr1 if layout == "easyr1" else (lambda cols, path: write_verl(cols, path, data_source))
     if val_out is None:
         write(columns, Path(out))
         _locate_kept(report, {Path(out): columns["question_id"]})
         return report
     to_val = [in_validation(key, val_fraction) for key in split_keys(columns, split_of)]
-    train, val = _rows_where(columns, [not v for v in to_val]), _rows_where(columns, to_val)
+    train, val = rows_where(columns, [not v for v in to_val]), rows_where(columns, to_val)
     if not train["prompt"] or not val["prompt"]:
         raise DatasetError("file", "<questions>", f"a {val_fraction:g} split by {split_of} of {report.written} "
                                                   f"questions leaves {'no training' if not train['prompt'] else 'no validation'} "
@@ -577,61 +574,3 @@ def _locate_kept(report: ConversionReport, written: dict) -> None:
     for item in report.missing_documents:
         if item["question_id"] in rows:
             item["file"], item["row"] = rows[item["question_id"]]
-
-
-def split_keys(columns: dict, split_of: str) -> list:
-    """Each row's split key: its question id, or its document (in corpus scope, the document of
-    its first gold page, the question's own; a question without gold pages splits by its id)."""
-    if split_of == "question":
-        return columns["question_id"]
-    keys = []
-    for doc_id, gold, qid in zip(columns["doc_id"], columns["gold_pages"], columns["question_id"]):
-        pairs = [page for page in json.loads(gold) if isinstance(page, list)]
-        keys.append(doc_id if doc_id is not None else pairs[0][0] if pairs else qid)
-    return keys
-
-
-def in_validation(key: str, fraction: float) -> bool:
-    """Whether a row with this question or document id goes to the validation split: a hash, so
-    the split does not depend on the input's order or on Python's hash seed."""
-    digest = int.from_bytes(hashlib.sha256(str(key).encode("utf-8")).digest()[:8], "big")
-    return digest / 2**64 < fraction
-
-
-def _rows_where(columns: dict, keep: list) -> dict:
-    return {name: [value for value, kept in zip(values, keep) if kept] for name, values in columns.items()}
-
-
-def verl_rows(columns: dict, data_source: str) -> list[dict]:
-    """The converted rows in verl's dataset columns (see the module docstring)."""
-    rows = []
-    for i, qid in enumerate(columns["question_id"]):
-        row = {"data_source": data_source, "agent_name": VERL_AGENT_NAME,
-               "prompt": [{"role": "user", "content": columns["prompt"][i]}],
-               "reward_model": {"ground_truth": columns["answer"][i], "style": "rule"},
-               "extra_info": {"index": i, "question_id": qid, "gold_pages": columns["gold_pages"][i]},
-               "doc_id": columns["doc_id"][i]}
-        for name in (PAGE_COUNT, EVAL):
-            if name in columns:
-                row[name] = columns[name][i]
-        rows.append(row)
-    return rows
-
-
-def _write_verl(columns: dict, out: Path, data_source: str) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pa.Table.from_pylist(verl_rows(columns, data_source))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, out)
-
-
-def _write_parquet(columns: dict, out: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    types = {PAGE_COUNT: pa.int64()}
-    table = pa.table({name: pa.array(values, type=types.get(name, pa.string())) for name, values in columns.items()})
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, out)
