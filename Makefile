@@ -14,13 +14,15 @@ demo: setup
 learn: setup
 	.venv/bin/vrag-rollout learn --family $(FAMILY) --action-format $(ACTION_FORMAT)
 
+# Two workers at most (each holds its own engines, about 3 GB), whole modules each
+# (tests/xdist_schedule.py); the background work runs beside them (tests/background.py).
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --maxprocesses 2
 
-# The tests that start no vLLM engine and run no model (tests/conftest.py marks the others
-# `engine`), on every core.
+# The pure tier, on every core: no vLLM engine or model (`engine`), no subprocess or server
+# (`process`), no long stress run (`stress`); tests/conftest.py fails a test that strays.
 test-fast: setup
-	$(PY) -m pytest -m "not engine" -n auto
+	$(PY) -m pytest -m "not engine and not process and not stress" -n auto
 
 bench: setup
 	$(PY) scripts/bench_observation.py

@@ -289,8 +289,8 @@ def logprob_gap(worker, batch, banned_ids, free_from: dict, tokenizer) -> dict:
     with the vision tokens banned (logit bias -100, as EasyR1's own rollout bans <|image_pad|>), so
     its logprobs are renormalised over the other tokens; the actor's are over the whole vocabulary.
     The difference is log(1 - p(banned)): the banned ids are the vision tokens and the padded
-    embedding rows past the tokenizer (about 280 of the tiny models' 151,936 rows, holding about
-    2e-3 of a random model's mass). p(banned) is read from the actor itself: its log p of each
+    embedding rows past the tokenizer (about 280 of the released-shape tiny models' 151,936 rows,
+    holding about 2e-3 of a random model's mass). p(banned) is read from the actor itself: its log p of each
     banned token at every position, one actor pass per banned id (slow with the padded rows: a
     few minutes a probe on the CPU). Returns the raw and the renormalised gap (max, mean).
     """
@@ -563,11 +563,12 @@ def main() -> int:
     from transformers import AutoProcessor
 
     from vrag_rollout.devkit.demo import demo_page_band, prepare_index
-    from vrag_rollout.devkit.tiny_model import build_tiny_model, default_model_dir
+    from vrag_rollout.devkit.tiny_model import RELEASED, build_tiny_model, default_model_dir
 
     work = args.work or Path(tempfile.mkdtemp(prefix="check-easyr1-"))
     work.mkdir(parents=True, exist_ok=True)
-    model_dir = build_tiny_model(default_model_dir(args.family), args.family)
+    # The released shape: EasyR1's code meets the released ids and logits width, as in a real run.
+    model_dir = build_tiny_model(default_model_dir(args.family, RELEASED), args.family, shape=RELEASED)
     index_dir = prepare_index(work)
     with serve_in_thread(index_dir) as url:
         # ---- 1. data ----

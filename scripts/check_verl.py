@@ -3,8 +3,8 @@
     .venv/bin/python scripts/check_verl.py --out verl_batch.pt [--family qwen3-vl] [--action-format tool_call]
     .venv/bin/vrag-rollout check verl_batch.pt --forward
 
-What runs: the family's tiny model on the CPU build of vLLM, the sample corpus's index served by
-`vrag-retriever` on loopback (real HTTP retrieval), and verl 0.9.1's `AgentLoopWorker`
+What runs: the family's released-shape tiny model (docs/tiny-models.md) on the CPU build of vLLM,
+the sample corpus's index served by `vrag-retriever` on loopback (real HTTP retrieval), and verl 0.9.1's `AgentLoopWorker`
 (`vrag_rollout.integrations.verl.local`, built without Ray) running `vrag_agent` on the demo
 questions, n samples each; verl's postprocessing makes the DataProto it would train on, which is
 saved with verl's own `DataProto.save_to_disk` and then checked with the project's `check` (and
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     from vrag_rollout.verify.guard import GUARD_COLUMN, column_metrics
 
     configure_cpu_defaults()
-    model_dir, family = demo_model(args.family)
+    model_dir, family = demo_model(args.family, shape="released")  # verl reads the released ids by value
     processor = AutoProcessor.from_pretrained(model_dir)
     grammar = {} if args.grammar else {"action_regex": None, "first_turn_action_regex": None}
     with ExitStack() as stack:

@@ -21,6 +21,7 @@ print("HEAVY=" + ",".join(heavy))
 
 
 @pytest.mark.parametrize("command", [[], ["demo"], ["rollout"], ["learn"], ["check"], ["view"], ["convert-dataset"]])
+@pytest.mark.process
 def test_help_loads_no_heavy_library(command):
     done = subprocess.run([sys.executable, "-c", PROBE, *command], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

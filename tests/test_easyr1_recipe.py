@@ -15,6 +15,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+pytestmark = pytest.mark.process  # servers or subprocesses (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "easyr1_recipe.sh"
 PINS = dict(line.split("==") for line in (REPO / "scripts" / "easyr1" / "pins.txt").read_text().splitlines()

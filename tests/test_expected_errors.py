@@ -11,6 +11,8 @@ import pytest
 
 from tests.own_documents import write_own_data
 
+pytestmark = pytest.mark.process  # servers or subprocesses (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def own(tmp_path_factory):

@@ -102,6 +102,7 @@ def test_prompt_facts_differ_only_through_the_format():
     assert "</search>" in TagFormat.stop_strings_for(Config) and ToolCallFormat.stop_strings_for(Config) == ()
 
 
+@pytest.mark.process
 def test_asking_a_format_loads_no_torch():
     code = ("import sys, vrag_rollout.formats, vrag_rollout.data.prompts; "
             "print(json.dumps([m for m in ('torch', 'vllm', 'transformers') if m in sys.modules]))")

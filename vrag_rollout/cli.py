@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from .devkit.learn_job import DEFAULTS as LEARN_DEFAULTS
+from .devkit.tiny_model import SHAPES as TINY_SHAPES
 from .families import FAMILY_NAMES
 
 
@@ -182,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("out_dir", type=Path, nargs="?", default=None,
                        help="where to build it (default: the cache the demo uses); prints the directory")
     build.add_argument("--family", choices=FAMILY_NAMES, default="qwen2-vl", help="the model family to build")
+    build.add_argument("--shape", choices=TINY_SHAPES, default="compact",
+                       help="compact (default): a small vocabulary, special tokens at ids that are not the released "
+                            "ones; released: the released ids and logits width (docs/tiny-models.md)")
 
     check = subcommand(
         "check", help="verify a saved rollout batch (or a pickled trainer DataProto) against the model's own code"
@@ -318,7 +322,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from .devkit.job_checks import JobInputError
 
         try:
-            print(build_tiny_model(args.out_dir or default_model_dir(args.family), args.family))
+            out_dir = args.out_dir or default_model_dir(args.family, args.shape)
+            print(build_tiny_model(out_dir, args.family, shape=args.shape))
         except OSError as error:  # a directory that cannot be written
             raise JobInputError(f"{args.out_dir}: cannot build the model there ({error.strerror or error})") from error
         return 0

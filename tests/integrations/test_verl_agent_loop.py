@@ -7,7 +7,9 @@ token ids, logprobs, "completed"/"aborted"), and verl's own postprocessing pads 
 computes the positions (the family's `get_rope_index`) and processor inputs into the DataProto it
 trains on. Oracles: the project's `check` passes on that DataProto (positions against
 transformers, pads against the processor, masks, tool-turn tokens against the template), and each
-episode equals the EasyR1 rollout's at the same seeds, token for token."""
+episode equals the EasyR1 rollout's at the same seeds, token for token. verl's code reads ids by
+value, so every family's worker also runs on the released-shape tiny model (the released ids and
+logits width), and `check` passes on the DataProto it makes."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from tests.conftest import SAMPLE_RETRIEVAL  # noqa: E402
 from tests.rollout.agent_helpers import make_agent, sample_prompts  # noqa: E402
 from vrag_rollout.data.prompts import build_prompts  # noqa: E402
 from vrag_rollout.devkit.demo import demo_config, demo_page_band  # noqa: E402
+from vrag_rollout.devkit.tiny_model import RELEASED  # noqa: E402
 from vrag_rollout.families import FAMILY_NAMES  # noqa: E402
 from vrag_rollout.integrations.verl.agent_loop import AGENT_NAME  # noqa: E402
 from vrag_rollout.integrations.verl.local import local_worker, prompt_rows  # noqa: E402
@@ -73,6 +76,24 @@ def test_verl_batch_passes_the_projects_check(both_rollouts):
     assert report.ok, report.human()
     pages = sum(len(turn) for turns in verl_out.non_tensor_batch["page_ids"] for turn in turns)
     assert pages > 0, "the demo grammar retrieves before it answers: pages were shown"
+
+
+@pytest.fixture(scope="module", params=list(zip(FAMILY_NAMES, ("tags", "tool_call", "tool_call"))),
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def released_verl_batch(request, family_models):
+    """verl's DataProto from the released-shape model of each family (both formats among them)."""
+    family, action_format = request.param
+    model = family_models(family, RELEASED)
+    worker = local_worker(model.model_dir, model.llm, rollout_settings(model.processor, action_format))
+    samples = sample_prompts(2, with_images=False)
+    return model, asyncio.run(worker.generate_sequences(prompt_rows(samples, action_format)))
+
+
+def test_verls_batch_of_a_released_model_passes_the_projects_check(released_verl_batch):
+    model, verl_out = released_verl_batch
+    assert int(verl_out.batch["input_ids"].max()) > 151000  # the released ids reached verl
+    report = check_batch(from_dataproto(verl_out, model_path=model.model_dir), model.model_dir)
+    assert report.ok, report.human()
 
 
 def test_verls_reward_manager_scores_as_the_project_does(both_rollouts):

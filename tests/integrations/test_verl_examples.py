@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.process  # servers or subprocesses (tests/conftest.py)
+
 pytest.importorskip("hydra", reason="verl's config is composed with hydra-core (the test extra)")
 
 REPO = Path(__file__).resolve().parents[2]

@@ -219,6 +219,7 @@ def test_the_manager_refuses_verls_v1_trainer():
 
 
 @pytest.mark.parametrize("script", sorted((REPO / "examples" / "verl").glob("grpo_*.sh")), ids=lambda p: p.stem)
+@pytest.mark.process
 def test_the_example_jobs_run_the_guard(script, tmp_path):
     """The jobs select the guarded manager and verl's synchronous trainer; their loop sets `guard: drop`."""
     from omegaconf import OmegaConf

@@ -111,6 +111,7 @@ def forked(function):
         os.waitpid(pid, 0)
 
 
+@pytest.mark.process
 def test_worker_processes_never_give_two_trajectories_the_same_seeds():
     # Each Ray worker process imports the module afresh: two fresh numberings stand for two workers.
     fresh = [agent_loop._TrajectoryNumbers().next() for _ in range(2)]

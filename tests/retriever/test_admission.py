@@ -165,6 +165,7 @@ def test_limits_are_validated():
         AdmissionLimits(queue_services=0)
 
 
+@pytest.mark.process
 def test_threads_cap_the_admitted_requests_that_compute_at_once():
     backend = HeldBackend()
     app = create_app(backend, admission=AdmissionLimits(max_in_flight=3, threads=1, max_wait_s=20,
@@ -195,6 +196,7 @@ def held_server():
     backend.hold.set()
 
 
+@pytest.mark.process
 def test_saturated_server_refuses_with_retry_after_and_health_stays_fast(held_server):
     backend, url, app = held_server
     backend.hold.clear()
@@ -226,6 +228,7 @@ def test_saturated_server_refuses_with_retry_after_and_health_stays_fast(held_se
     assert app.state.gate.in_flight == 0 and app.state.gate.queued == 0
 
 
+@pytest.mark.process
 def test_a_request_past_its_deadline_is_refused_not_served_late():
     backend = HeldBackend()
     app = create_app(backend, admission=AdmissionLimits(max_in_flight=1, max_queue=4, max_wait_s=0.3,

@@ -36,6 +36,7 @@ def _results(url: str, binary: bool):
                 client.batch_fetch(specs, [doc_ids[0]] * 3))
 
 
+@pytest.mark.process
 def test_server_answers_msgpack_only_when_asked(base_url):
     body = {"query": ["image, 1"], "id": [next(iter(SAMPLE_FACTS.values()))[0]]}
     packed = HttpTransport(base_url).send("/batch_fetch", body, 10)
@@ -45,6 +46,7 @@ def test_server_answers_msgpack_only_when_asked(base_url):
     assert isinstance(decode_answer(packed)[0]["contents"], bytes)
 
 
+@pytest.mark.process
 def test_binary_and_json_answers_carry_the_same_pages(base_url):
     (search_b, fetch_b), (search_j, fetch_j) = _results(base_url, True), _results(base_url, False)
     pages_b = [p for hits in search_b for p in hits] + fetch_b[:2]

@@ -5,6 +5,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from retriever_server.cli import _is_loopback, main
 from retriever_server.storage.store import PageStore
 
@@ -86,6 +88,7 @@ def _serve_and_get(index, *extra) -> str:
         return log.read().decode(errors="replace")
 
 
+@pytest.mark.process
 def test_the_access_log_is_an_option(sample_index):
     """Issue 33, item 10: `serve --access-log` logs a line per request; off by default."""
     logged = _serve_and_get(sample_index, "--access-log")

@@ -3,10 +3,13 @@
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
 from retriever_server.api.admission import AdmissionLimits
 from retriever_server.api.testing import serve_in_thread
 from retriever_server.sample_corpus import SAMPLE_FACTS
+
+pytestmark = pytest.mark.process  # servers or subprocesses (tests/conftest.py)
 
 CLIENTS = 16
 BATCHES = 4

@@ -225,6 +225,7 @@ def hybrid(tmp_path_factory):
         yield backend
 
 
+@pytest.mark.process
 def test_qdrant_corpus_and_subset_search_equal_brute_force_maxsim(dense):
     store, encoder = dense.store, dense.encoder
     page_vectors = {(d, p): v for d in DOCS for p, v in enumerate(encoder.encode_images(
@@ -242,6 +243,7 @@ def test_qdrant_corpus_and_subset_search_equal_brute_force_maxsim(dense):
     assert len({h.doc_id for h in dense.search([QUERIES[0]], [None], 13)[0]}) == 3
 
 
+@pytest.mark.process
 def test_hybrid_corpus_search_fuses_across_documents(hybrid):
     for query in QUERIES:
         lexical = [(h.doc_id, h.page) for h in hybrid.lexical.search([query], [None], 13)[0]]
@@ -258,6 +260,7 @@ def test_hybrid_corpus_search_fuses_across_documents(hybrid):
     assert {h.doc_id for h in hybrid.search([QUERIES[2]], [subset], 13)[0]} == set(subset)
 
 
+@pytest.mark.process
 def test_hybrid_corpus_search_over_http(hybrid, tmp_path_factory):
     base = tmp_path_factory.getbasetemp()
     index = shutil.copytree(dense_index(base, search="hybrid"), base / "hybrid-corpus-http")

@@ -29,6 +29,9 @@ from vrag_rollout.retrieval.client import RetrieverClient
 from vrag_rollout.retrieval.fixtures import FixtureMiss, FixtureTransport, Fixtures, record_fixtures
 from vrag_rollout.retrieval.types import RetrievedPage, RetrieverFailure
 
+# Live servers, and an index of scanned pages that tesseract (a subprocess) reads where installed.
+pytestmark = pytest.mark.process
+
 PAGE_W, PAGE_H = 612.0, 792.0  # US letter, points
 MARK = 24.0  # side of the square mark, points
 # Centre of the mark per page of marks.pdf, in points from the top left.

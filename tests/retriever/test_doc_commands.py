@@ -125,6 +125,7 @@ def test_every_bash_block_is_run_or_named_as_a_template():
     assert len(first_lines) - len(TEMPLATES) >= 5  # quick start, reload, formats, ready, health
 
 
+@pytest.mark.process
 def test_doc_commands_run_as_written(session):
     problems, ran = [], 0
     for block in bash_blocks(DOC.read_text()):

@@ -55,6 +55,7 @@ def _gone(pid: int) -> bool:
     return False
 
 
+@pytest.mark.process
 def test_pipelined_pages_equal_serial_pages(encoder):
     pages = [_page(i) for i in range(4)] + [_page(4, (1100, 850)), _page(5, (400, 1200)),
                                             _page(6)]  # 7 pages: the last batch is short
@@ -66,6 +67,7 @@ def test_pipelined_pages_equal_serial_pages(encoder):
         assert p.dtype == np.float32 and np.array_equal(p, s)
 
 
+@pytest.mark.process
 def test_worker_inputs_equal_the_processor_bit_for_bit(encoder):
     batches = [[_page(0), _page(1, (1100, 850))], [_page(2, (400, 1200))]]
     for batch, prepared in zip(batches, encoder._pool.imap(batches), strict=True):
@@ -187,6 +189,7 @@ def test_a_caller_whose_batch_never_completes_times_out():
         batcher.encode(["late"])
 
 
+@pytest.mark.process
 def test_close_stops_the_workers():
     # A generic pool (prepare = len): the mechanism does not depend on the model.
     pool = PreparePool(int, (), len, workers=2, depth=3)
@@ -199,6 +202,7 @@ def test_close_stops_the_workers():
         list(pool.imap([[1]]))
 
 
+@pytest.mark.process
 def test_a_dead_worker_fails_the_call_and_the_next_call_starts_fresh_workers():
     from concurrent.futures.process import BrokenProcessPool
 
@@ -212,6 +216,7 @@ def test_a_dead_worker_fails_the_call_and_the_next_call_starts_fresh_workers():
         pool.close()
 
 
+@pytest.mark.process
 def test_encoder_close_stops_its_workers(encoder):
     # Runs last in this module: the module's encoder is closed here (the fixture closes it again).
     pids = encoder._pool.pids()
@@ -223,6 +228,7 @@ def test_encoder_close_stops_its_workers(encoder):
 
 
 
+@pytest.mark.process
 def test_an_encoder_dropped_without_close_lets_its_workers_go(tmp_path_factory):
     import gc
 

@@ -64,6 +64,7 @@ def test_query_vectors_are_normalised_and_unpadded(encoder):
     assert batched[0].shape[0] < batched[1].shape[0]
 
 
+@pytest.mark.process
 def test_image_vectors_have_one_row_per_token(encoder):
     pages = [_jpeg("white"), _jpeg("white", (600, 200))]
     vectors = encoder.encode_images(pages)
@@ -95,6 +96,7 @@ def test_index_options_are_checked_before_work(base):
         DenseOptions.from_args(None, None, "http://localhost:6333", None)
 
 
+@pytest.mark.process
 def test_manifest_records_the_encoder(base, encoder):
     info = read_manifest(dense_index(base)).backend
     assert info["kind"] == "qdrant"
@@ -102,6 +104,7 @@ def test_manifest_records_the_encoder(base, encoder):
                                "dim": encoder.dim}
 
 
+@pytest.mark.process
 def test_guard_refuses_another_encoder(base, tmp_path):
     info = read_manifest(dense_index(base)).backend
     same = f"colqwen2:{tiny_colqwen2(base)}"
@@ -117,6 +120,7 @@ def test_guard_refuses_another_encoder(base, tmp_path):
         resolve_encoder(moved, None)
 
 
+@pytest.mark.process
 def test_serve_and_open_backend_refuse_another_encoder(base, tmp_path, capsys, monkeypatch):
     index = dense_index(base)
     other = f"colqwen2:{tiny_colqwen2(tmp_path, seed=1)}"
@@ -148,6 +152,7 @@ def test_a_replaced_checkpoint_is_refused(base, tmp_path):
         resolve_encoder(info, None)
 
 
+@pytest.mark.process
 def test_cli_index_with_an_encoder(base, sample_pdfs, tmp_path, capsys):
     spec = f"colqwen2:{tiny_colqwen2(base)}"
     out = tmp_path / "idx"
@@ -163,6 +168,7 @@ def test_cli_index_with_an_encoder(base, sample_pdfs, tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.process
 def test_serve_refuses_several_workers_on_a_local_qdrant_index(base, capsys):
     assert main(["serve", "--index", str(dense_index(base)), "--workers", "2"]) == 1
     assert "local mode" in capsys.readouterr().err

@@ -105,6 +105,7 @@ def test_every_option_is_explained(command):
     assert not unexplained
 
 
+@pytest.mark.process
 def test_the_installed_command_prints_the_same_plain_help():
     out = subprocess.run([str(Path(sys.executable).parent / "vrag-retriever"), "serve", "--help"],
                          capture_output=True, text=True, timeout=60, check=True).stdout
@@ -219,6 +220,7 @@ def _documented(marker: str) -> dict:
     return json.loads(answer.removeprefix("# -> "))
 
 
+@pytest.mark.process
 def test_the_documented_ready_answer_is_a_default_servers(sample_index):
     documented = _documented("curl -s localhost:8002/ready")
     with serve_in_thread(sample_index) as url:

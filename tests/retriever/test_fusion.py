@@ -36,6 +36,7 @@ def hybrid(tmp_path_factory):
         yield backend
 
 
+@pytest.mark.process
 def test_hybrid_index_opens_as_fusion_of_bm25_and_qdrant(hybrid):
     assert isinstance(hybrid, HybridBackend)
     assert isinstance(hybrid.lexical, Bm25Backend) and isinstance(hybrid.dense, QdrantBackend)
@@ -44,6 +45,7 @@ def test_hybrid_index_opens_as_fusion_of_bm25_and_qdrant(hybrid):
 @pytest.mark.parametrize("query,doc_id", [("lockout tagout padlock", "safety_manual"),
                                           ("quarterly revenue", "annual_report"),
                                           ("zzz unknown words", "product_guide")])
+@pytest.mark.process
 def test_hybrid_equals_rrf_of_its_parts(hybrid, query, doc_id):
     n = PageStore.documents(hybrid.lexical.store)[doc_id]
     lexical = [h.page for h in hybrid.lexical.search([query], [doc_id], n)[0]]

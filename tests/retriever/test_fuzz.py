@@ -13,6 +13,8 @@ from schemathesis.checks import (content_type_conformance, not_a_server_error,
 
 from retriever_server.api.app import create_app
 
+pytestmark = pytest.mark.stress  # hundreds of generated requests: seconds, in-process
+
 EXAMPLES = 40
 # Schema-valid requests may still be refused (top_n over the limit, query/id length mismatch),
 # so positive_data_acceptance does not apply; these must always hold.

@@ -239,6 +239,7 @@ def hybrid_builds(tmp_path_factory):
     return first, other
 
 
+@pytest.mark.process
 def test_hybrid_version_changes_with_the_content(hybrid_builds):
     first, second = (open_backend(index) for index in hybrid_builds)
     try:
@@ -249,6 +250,7 @@ def test_hybrid_version_changes_with_the_content(hybrid_builds):
         second.close()
 
 
+@pytest.mark.process
 def test_a_swap_during_a_hybrid_load_is_not_served_half_swapped(hybrid_builds, tmp_path,
                                                                  monkeypatch):
     first, second = hybrid_builds
@@ -282,6 +284,7 @@ def _version_of(index: Path) -> str:
         backend.close()
 
 
+@pytest.mark.process
 def test_a_following_hybrid_server_reloads_once_per_reindex(hybrid_builds, tmp_path, caplog):
     first, second = hybrid_builds
     out = shutil.copytree(first, tmp_path / "idx")
@@ -306,6 +309,7 @@ def test_a_following_hybrid_server_reloads_once_per_reindex(hybrid_builds, tmp_p
     assert "vrag_retriever_index_loads_total 2.0" in client.get("/metrics").text
 
 
+@pytest.mark.process
 def test_reloading_the_unchanged_hybrid_directory_is_refused_cleanly(hybrid_builds, tmp_path):
     out = shutil.copytree(hybrid_builds[0], tmp_path / "idx")
     client = TestClient(create_app(out), raise_server_exceptions=False)

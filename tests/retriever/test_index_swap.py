@@ -24,6 +24,8 @@ from retriever_server.storage.manifest import read_manifest
 from retriever_server.storage.store import PageStore
 from tests.retriever.serving_helpers import ROOT
 
+pytestmark = pytest.mark.process  # servers or subprocesses (tests/conftest.py)
+
 CHILD = Path(__file__).with_name("reindex_child.py")
 
 

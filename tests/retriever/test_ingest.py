@@ -98,6 +98,7 @@ def test_missing_tesseract_gives_one_line_notice(sample_pdfs, tmp_path, monkeypa
 
 
 @needs_tesseract
+@pytest.mark.process  # tesseract
 def test_ocr_reads_scanned_pages(sample_pdfs, tmp_path):
     folder = _render_pages(sample_pdfs[1], tmp_path / "scanned_manual", ["1.png", "2.png"])
     out = build_index([folder], tmp_path / "idx", ocr="auto", progress=False)

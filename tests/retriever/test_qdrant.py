@@ -17,6 +17,8 @@ from retriever_server.storage.store import PageStore
 
 from .dense_support import dense_index
 
+pytestmark = pytest.mark.process  # servers or subprocesses (tests/conftest.py)
+
 QUERIES = ["lockout tagout padlock", "board approved the Lisbon expansion", "firmware update"]
 DOCS = ["safety_manual", "annual_report", "product_guide"]
 

@@ -11,6 +11,8 @@ from retriever_server.sample_corpus import SAMPLE_FACTS
 from tests.retriever.serving_helpers import ServerProcess, wait_until
 from vrag_rollout.retrieval.client import RetrieverClient
 
+pytestmark = pytest.mark.process  # servers or subprocesses (tests/conftest.py)
+
 
 @pytest.fixture
 def two_replicas(sample_index):

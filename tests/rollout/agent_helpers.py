@@ -6,10 +6,9 @@ import random
 import threading
 import time
 
+import importlib
+
 import torch
-import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl
-import transformers.models.qwen2_vl.modeling_qwen2_vl
-import transformers.models.qwen3_vl.modeling_qwen3_vl
 from PIL import Image, ImageDraw
 
 from vrag_rollout import vLLMRolloutAgent
@@ -65,7 +64,8 @@ def hf_rope_index(processor, model_dir, input_ids, attention_mask, grids) -> tor
     key = str(model_dir)
     if key not in _MODELS:
         config = AutoConfig.from_pretrained(model_dir)
-        _MODELS[key] = ROPE_CLASSES[config.model_type](config).eval()
+        module, name = ROPE_CLASSES[config.model_type]
+        _MODELS[key] = getattr(importlib.import_module(module), name)(config).eval()
     model = _MODELS[key]
     image_pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     types = (input_ids == image_pad).int()
@@ -77,10 +77,11 @@ def hf_rope_index(processor, model_dir, input_ids, attention_mask, grids) -> tor
 
 _MODELS: dict = {}
 # Written out here, not taken from vrag_rollout.families: the oracle must not come from the code under test.
+# (module, class), imported on first use: the modeling modules take seconds to import.
 ROPE_CLASSES = {
-    "qwen2_vl": transformers.models.qwen2_vl.modeling_qwen2_vl.Qwen2VLModel,
-    "qwen2_5_vl": transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.Qwen2_5_VLModel,
-    "qwen3_vl": transformers.models.qwen3_vl.modeling_qwen3_vl.Qwen3VLModel,
+    "qwen2_vl": ("transformers.models.qwen2_vl.modeling_qwen2_vl", "Qwen2VLModel"),
+    "qwen2_5_vl": ("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl", "Qwen2_5_VLModel"),
+    "qwen3_vl": ("transformers.models.qwen3_vl.modeling_qwen3_vl", "Qwen3VLModel"),
 }
 
 

@@ -81,7 +81,7 @@ def test_undecodable_images_become_error_observations(tiny_model_dir, tiny_proce
     assert_images_whole(output, tiny_processor)
 
 
-@pytest.mark.parametrize("response_length", [96, 160])
+@pytest.mark.parametrize("response_length", [96, 144])  # each overflows with some page on the tiny model
 def test_tight_budget_admits_images_whole_or_ends_the_sample(tiny_model_dir, tiny_processor, tiny_llm, response_length):
     from tests.conftest import SAMPLE_RETRIEVAL
     from vrag_rollout.retrieval.fixtures import FixtureTransport

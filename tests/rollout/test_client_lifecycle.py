@@ -22,6 +22,8 @@ from vrag_rollout.retrieval.fixtures import RecordingTransport
 from vrag_rollout.retrieval.transport import RawAnswer
 from vrag_rollout.retrieval.types import FetchSpec, RetrievedPage, RetrieverFailure
 
+pytestmark = pytest.mark.process  # servers or subprocesses (tests/conftest.py)
+
 CLOSED = "this RetrieverClient is closed"
 TEXT_1 = ([FetchSpec("text", 1)], ["manual_v2"])
 

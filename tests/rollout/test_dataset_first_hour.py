@@ -36,6 +36,7 @@ def run_as_printed(command: str, cwd: Path) -> subprocess.CompletedProcess:
                           env={**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"})
 
 
+@pytest.mark.process
 def test_a_folder_of_pdfs_as_the_index_gets_a_command_that_works_as_printed(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     write_sample_corpus(tmp_path / "mydocs")

@@ -74,6 +74,7 @@ def live_url(sample_index):
         yield url
 
 
+@pytest.mark.process
 def test_recorded_dataset_calls_replay_as_the_live_server_answers(tmp_path, sample_index, live_url, capsys):
     pages = dataset.index_documents(sample_index)
     data = write_dataset(tmp_path, [question("a", "annual_report.pdf", [2]), question("s", "safety_manual.pdf", [5]),

@@ -176,6 +176,7 @@ def test_everything_that_needs_easyr1_fails_clearly_without_it(no_easyr1):
         glue.no_such_name  # noqa: B018
 
 
+@pytest.mark.process
 def test_module_entry_point_exits_with_the_reason(no_easyr1):
     import subprocess
 

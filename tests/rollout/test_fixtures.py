@@ -95,6 +95,7 @@ def live_results(url: str, searches, fetches, top_n=2):
         )
 
 
+@pytest.mark.process
 def test_record_summary_and_file_shape(recorded):
     _, path, summary = recorded
     assert summary["searches"] == 4 and summary["fetches"] == 5 and summary["server_errors"] == 2
@@ -106,6 +107,7 @@ def test_record_summary_and_file_shape(recorded):
     assert "été" in path.read_text(encoding="utf-8")
 
 
+@pytest.mark.process
 def test_blobs_are_deduplicated(recorded):
     _, path, summary = recorded
     doc = json.loads(path.read_text(encoding="utf-8"))
@@ -119,6 +121,7 @@ def test_blobs_are_deduplicated(recorded):
     assert all(k == hashlib.sha256(v.encode()).hexdigest() for k, v in doc["blobs"].items())
 
 
+@pytest.mark.process
 def test_rerecording_is_byte_identical(server, recorded, tmp_path):
     url, path, _ = recorded
     again = tmp_path / "again.json"
@@ -127,6 +130,7 @@ def test_rerecording_is_byte_identical(server, recorded, tmp_path):
     assert again.read_bytes() == path.read_bytes()
 
 
+@pytest.mark.process
 def test_replay_equals_live_in_any_order_and_chunking(recorded):
     url, path, _ = recorded
     live_s, live_f = live_results(url, SEARCHES, FETCHES)
@@ -145,6 +149,7 @@ def test_replay_equals_live_in_any_order_and_chunking(recorded):
         assert transport.requests["/batch_search"] == -(-len(SEARCHES) // max_batch)
 
 
+@pytest.mark.process
 def test_replay_works_with_server_gone(server, recorded):
     url, path, _ = recorded
     _, state = server
@@ -154,6 +159,7 @@ def test_replay_works_with_server_gone(server, recorded):
     assert [h.page_id for h in hits] and all(h.score is not None for h in hits)
 
 
+@pytest.mark.process
 def test_strict_miss_raises_naming_the_key(recorded):
     _, path, _ = recorded
     with RetrieverClient("fixture://", transport=FixtureTransport.load(path)) as c:
@@ -165,6 +171,7 @@ def test_strict_miss_raises_naming_the_key(recorded):
             c.batch_search(["revenue"], ["report"], 3)  # top_n is part of the key
 
 
+@pytest.mark.process
 def test_lenient_miss_is_a_per_item_failure(recorded):
     _, path, _ = recorded
     with RetrieverClient("fixture://", transport=FixtureTransport.load(path, strict=False)) as c:
@@ -192,6 +199,7 @@ def test_load_rejects_unknown_format_and_missing_blob(tmp_path):
         Fixtures.load(p)
 
 
+@pytest.mark.process
 def test_recording_during_outage_raises_and_writes_nothing(server, tmp_path):
     url, state = server
     state["down"] = True
@@ -201,6 +209,7 @@ def test_recording_during_outage_raises_and_writes_nothing(server, tmp_path):
     assert not path.exists()
 
 
+@pytest.mark.process
 def test_recording_transport_records_what_the_client_sees(server, tmp_path):
     url, _ = server
     rec = RecordingTransport(HttpTransport(url))

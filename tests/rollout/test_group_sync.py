@@ -11,6 +11,8 @@ import threading
 
 import pytest
 
+pytestmark = pytest.mark.process  # servers or subprocesses (tests/conftest.py)
+
 
 class Unpicklable(Exception):
     def __init__(self, message: str):

@@ -150,6 +150,25 @@ def test_a_learning_rate_too_small_for_the_sync_check_is_refused(tmp_path, monke
     assert record["policy_movement"] < MOVEMENT_FACTOR * GAP_TOLERANCE and record["grad_norm"] > 0
 
 
+def test_learn_on_a_released_model_keeps_every_post_sync_gap_small(tmp_path, released_qwen2vl):
+    """`learn --model DIR` on the released shape: the sync at the released logits width (151,936
+    rows, a tied LM head) is served, every step's gap under 1e-3, and the policy really moved (the
+    gap check had power). The shared engine is synced back to the original weights after."""
+    model = released_qwen2vl
+    original = AutoModelForImageTextToText.from_pretrained(model.model_dir, dtype=torch.float32).eval()
+    try:
+        result = run_learn(tmp_path, **{**SETTINGS, "steps": 2, "batch_size": 2, "n": 4}, model_dir=model.model_dir,
+                           processor=model.processor, llm=model.llm, retriever=fixture_retriever(), progress=False,
+                           evaluate=False)
+        records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+        assert records == result["records"] and len(records) == 2
+        assert all(0 <= record["logprob_gap_max"] <= SYNC_TOLERANCE for record in records), records
+        assert all(record["policy_movement"] > GAP_TOLERANCE for record in records), records
+    finally:
+        sync_weights(model.llm, original)
+        check_synced(model.llm, original, model.processor)
+
+
 # --- the outputs ---------------------------------------------------------------------------------
 
 def test_one_well_formed_metrics_line_per_step(run):

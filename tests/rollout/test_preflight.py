@@ -93,6 +93,7 @@ def sample_page_counts() -> dict:
     return counts
 
 
+@pytest.mark.process
 def test_the_check_against_a_live_server(server_url):
     pages = sample_page_counts()
     with RetrieverClient(server_url) as client:
@@ -107,6 +108,7 @@ def test_the_check_against_a_live_server(server_url):
     assert "unreachable" in problem and "vrag-retriever serve" in problem
 
 
+@pytest.mark.process
 def test_page_counts_the_data_recorded_must_match_the_served_ones(server_url):
     pages = sample_page_counts()
     docs = ["annual_report", "annual_report", "safety_manual", None]

@@ -188,6 +188,7 @@ def client_for(fake: FakeRetriever, **kw) -> RetrieverClient:
 # --------------------------------------------------------------------------- happy path
 
 
+@pytest.mark.process
 def test_search_and_fetch_happy_path(fake):
     with client_for(fake) as client:
         res = client.batch_search(["revenue", "boom", "safety"], ["annual_report", "annual_report", "manual_v2"], top_n=2)
@@ -217,12 +218,14 @@ def test_search_and_fetch_happy_path(fake):
     assert "X-API-Key" not in headers
 
 
+@pytest.mark.process
 def test_api_key_header_sent(fake):
     with client_for(fake, api_key="s3cret") as client:
         client.batch_fetch([FetchSpec("text", 1)], ["manual_v2"])
     assert fake.requests[0][1]["X-API-Key"] == "s3cret"
 
 
+@pytest.mark.process
 def test_empty_batches_send_nothing(fake):
     with client_for(fake) as client:
         assert client.batch_search([], [], top_n=3) == []
@@ -250,6 +253,7 @@ def test_input_validation_raises():
 # --------------------------------------------------------------------------- chunking, concurrency
 
 
+@pytest.mark.process
 def test_chunking_and_concurrency_cap():
     fake = FakeRetriever(delay=0.1)
     try:
@@ -267,6 +271,7 @@ def test_chunking_and_concurrency_cap():
         fake.stop()
 
 
+@pytest.mark.process
 def test_concurrency_cap_holds_across_callers():
     fake = FakeRetriever(delay=0.05)
     try:
@@ -288,6 +293,7 @@ def test_concurrency_cap_holds_across_callers():
 # --------------------------------------------------------------------------- faults
 
 
+@pytest.mark.process
 def test_timeout_retries_then_fails_within_bound(fake):
     fake.script = [("hang",)] * 3
     with client_for(fake, timeout=0.3, retries=2, backoff=0.01) as client:
@@ -301,6 +307,7 @@ def test_timeout_retries_then_fails_within_bound(fake):
         assert snap["retries"] == 2 and snap["failures/timeout"] == 2 and snap["failures"] == 2
 
 
+@pytest.mark.process
 def test_500_then_success_is_retried(fake):
     fake.script = [("status", 500), ("status", 503)]
     with client_for(fake, retries=2) as client:
@@ -310,6 +317,7 @@ def test_500_then_success_is_retried(fake):
     assert fake.paths()["/batch_fetch"] == 3
 
 
+@pytest.mark.process
 def test_429_is_retried(fake):
     fake.script = [("status", 429)]
     with client_for(fake, retries=1) as client:
@@ -317,6 +325,7 @@ def test_429_is_retried(fake):
     assert len(fake.requests) == 2
 
 
+@pytest.mark.process
 def test_500_forever_fails_with_try_count(fake):
     fake.script = [("status", 500)] * 10
     with client_for(fake, retries=3) as client:
@@ -326,6 +335,7 @@ def test_500_forever_fails_with_try_count(fake):
     assert len(fake.requests) == 4
 
 
+@pytest.mark.process
 def test_4xx_is_not_retried(fake):
     fake.script = [("status", 422), ("status", 500)]
     with client_for(fake, retries=3) as client:
@@ -335,6 +345,7 @@ def test_4xx_is_not_retried(fake):
     assert len(fake.requests) == 1
 
 
+@pytest.mark.process
 def test_connection_refused_becomes_failure():
     fake = FakeRetriever()
     url = fake.url
@@ -353,6 +364,7 @@ def test_connection_refused_becomes_failure():
         (("json", [[], []]), "2 results for 3 requests"),
     ],
 )
+@pytest.mark.process
 def test_garbage_bodies_fail_the_whole_chunk(fake, action, message_part):
     fake.script = [action]
     with client_for(fake, retries=2) as client:
@@ -362,6 +374,7 @@ def test_garbage_bodies_fail_the_whole_chunk(fake, action, message_part):
     assert len(fake.requests) == 1  # a 200 with garbage is not retried
 
 
+@pytest.mark.process
 def test_bad_item_shape_fails_that_item_only(fake):
     good = {"id": "text, 1", "contents": "hello"}
     fake.script = [("json", [good, {"id": 3}, "nope"]), ("json", [[{"id": "d_1", "contents": "x"}], [{"contents": "x"}], {}])]
@@ -374,6 +387,7 @@ def test_bad_item_shape_fails_that_item_only(fake):
         assert [r.kind for r in res[1:]] == ["malformed", "malformed"]
 
 
+@pytest.mark.process
 def test_bad_base64_image_is_passed_through_undecoded(fake):
     # Decoding (and turning bad images into error observations) is the rollout's job.
     fake.script = [("json", [{"id": "image, 2", "contents": "@@not base64!!"}])]
@@ -382,6 +396,7 @@ def test_bad_base64_image_is_passed_through_undecoded(fake):
     assert res == [RetrievedPage("d_2", "d", 2, "image", "@@not base64!!")]
 
 
+@pytest.mark.process
 def test_fetch_echo_mismatch_is_malformed(fake):
     fake.script = [("json", [{"id": "text, 2", "contents": "a"}, {"id": "image, 1", "contents": "b"}])]
     with client_for(fake) as client:
@@ -389,6 +404,7 @@ def test_fetch_echo_mismatch_is_malformed(fake):
     assert [r.kind for r in res] == ["malformed", "malformed"]  # swapped order is caught
 
 
+@pytest.mark.process
 def test_only_failing_chunk_fails(fake):
     fake.script = [("status", 400)]  # first request (first chunk) is rejected, others fine
     with client_for(fake, max_batch=2, max_concurrency=1) as client:
@@ -396,6 +412,7 @@ def test_only_failing_chunk_fails(fake):
     assert [type(r).__name__ for r in res] == ["RetrieverFailure"] * 2 + ["RetrievedPage"] * 3
 
 
+@pytest.mark.process
 def test_stats_snapshot_and_reset(fake):
     with client_for(fake, max_batch=2) as client:
         client.batch_search(["a", "boom", "c"], ["manual_v2"] * 3, top_n=1)
@@ -412,6 +429,7 @@ def test_stats_snapshot_and_reset(fake):
 CROP_BAND = (784, 784 * 64)
 
 
+@pytest.mark.process
 def test_crop_happy_path_and_the_body_sent(fake):
     boxes = [[0.1, 0.2, 0.5, 0.6], [0, 0, 1, 1], [0.5, 0.5, 0.4, 0.9], [0, 0, 1, 1]]
     with client_for(fake) as client:
@@ -430,6 +448,7 @@ def test_crop_happy_path_and_the_body_sent(fake):
                     "min_pixels": 784, "max_pixels": 784 * 64, "factor": 28}
 
 
+@pytest.mark.process
 def test_crops_at_a_large_band_are_sent_in_requests_the_server_accepts(fake):
     """A request may draw at most `contract.MAX_CROP_REQUEST_PIXELS` (each crop counted at max_pixels):
     at the largest band only a few crops fit one request, and the client chunks by that."""
@@ -444,6 +463,7 @@ def test_crops_at_a_large_band_are_sent_in_requests_the_server_accepts(fake):
     assert [len(body["id"]) for _, _, body in fake.requests] == [fit, 1]
 
 
+@pytest.mark.process
 def test_crop_timeouts_are_retried_then_fail_every_item(fake):
     fake.script = [("hang",)] * 3
     with client_for(fake, timeout=0.3, retries=2, backoff=0.01) as client:
@@ -452,6 +472,7 @@ def test_crop_timeouts_are_retried_then_fail_every_item(fake):
     assert fake.paths()["/batch_crop"] == 3
 
 
+@pytest.mark.process
 def test_crop_5xx_is_retried_then_answered(fake):
     fake.script = [("status", 500), ("status", 502)]
     with client_for(fake, retries=2) as client:
@@ -462,6 +483,7 @@ def test_crop_5xx_is_retried_then_answered(fake):
     assert fake.paths()["/batch_crop"] == 3
 
 
+@pytest.mark.process
 def test_crop_5xx_forever_and_refusals_past_the_budget_fail_every_item(fake):
     fake.script = [("status", 503)] * 3
     with client_for(fake, retries=2) as client:
@@ -473,6 +495,7 @@ def test_crop_5xx_forever_and_refusals_past_the_budget_fail_every_item(fake):
     assert [r.kind for r in res] == ["overloaded"]
 
 
+@pytest.mark.process
 def test_crop_garbage_and_misplaced_answers_are_malformed(fake):
     fake.script = [("raw", b"<html>oops</html>"),
                    ("json", [{"id": "manual_v2_2", "contents": "a"}, {"id": "manual_v2_1", "contents": "b"}, {"id": 3}])]
@@ -529,6 +552,7 @@ def test_bytes_are_an_image_never_a_text_page_nor_an_error_reason():
     assert hits == [RetrievedPage("d_2", "d", 2, "image", jpeg)]
 
 
+@pytest.mark.process
 def test_error_item_with_an_unhashable_code_is_a_counted_failure(fake):
     # `code` is only ever a string; a list (or any garbage) there is a server fault, not a crash.
     fake.script = [("json", [{"id": "error", "contents": "bad page", "code": ["page_out_of_range"]},
@@ -542,6 +566,7 @@ def test_error_item_with_an_unhashable_code_is_a_counted_failure(fake):
         assert snap["failures/server"] == 2 and snap["failures/request"] == 1
 
 
+@pytest.mark.process
 def test_a_body_nested_too_deep_to_decode_is_malformed(fake):
     # Both decoders raise RecursionError (not ValueError) past their depth limit.
     fake.script = [("raw", b"[" * 100_000)]
@@ -557,6 +582,7 @@ def test_a_score_no_float_can_hold_is_dropped():
 
 
 @pytest.mark.parametrize("fail_fast, tries", [(True, 1), (False, 3)])
+@pytest.mark.process
 def test_both_transports_report_the_tries_they_made(fail_fast, tries):
     from vrag_rollout.retrieval.aio import AsyncHttpTransport
 
@@ -582,6 +608,7 @@ def test_both_transports_report_the_tries_they_made(fail_fast, tries):
         assert (str(err.value), err.value.tries, sum(retried)) == (expected, tries, tries - 1), cls.__name__
 
 
+@pytest.mark.process
 def test_http_transport_raises_typed_errors(fake):
     fake.script = [("status", 404), ("hang",)]
     transport = HttpTransport(fake.url, retries=0)
@@ -632,6 +659,7 @@ def test_parsers_never_crash_on_any_body(data, n):
 # --------------------------------------------------------------------------- overload, replicas
 
 
+@pytest.mark.process
 def test_refusal_waits_retry_after_then_succeeds(fake):
     fake.script = [("refuse", 1)]
     with client_for(fake, retries=3) as client:
@@ -647,6 +675,7 @@ def test_refusal_waits_retry_after_then_succeeds(fake):
     assert fake.paths()["/batch_fetch"] == 2
 
 
+@pytest.mark.process
 def test_refusals_past_the_budget_fail_as_overloaded_and_are_counted(fake):
     fake.script = [("refuse", 2)] * 10
     with client_for(fake, overload_budget_s=1.0) as client:
@@ -660,6 +689,7 @@ def test_refusals_past_the_budget_fail_as_overloaded_and_are_counted(fake):
     assert len(fake.requests) == 1
 
 
+@pytest.mark.process
 def test_503_without_retry_after_is_an_ordinary_retried_fault(fake):
     fake.script = [("status", 503)] * 5
     with client_for(fake, retries=1) as client:
@@ -688,6 +718,7 @@ def test_overload_wait_follows_the_finer_retry_after_ms_hint():
         assert client._overload_wait(0.0, 1, 0.0) >= 0.002  # "0 ms" is no busy loop
 
 
+@pytest.mark.process
 def test_refusal_with_retry_after_ms_is_waited_out_in_milliseconds(fake):
     fake.script = [("refuse_ms", 30)]
     with client_for(fake, backoff=2.0) as client:  # a backoff this long would show
@@ -785,6 +816,7 @@ def test_adaptive_limit_sends_nothing_during_a_refusals_pause():
     assert 0.18 <= time.monotonic() - start < 2.0
 
 
+@pytest.mark.process
 def test_a_refused_client_keeps_fewer_requests_in_flight(fake):
     fake.delay = 0.05  # requests overlap
     fake.script = [("refuse_ms", 1)] * 8  # the first wave is refused
@@ -818,6 +850,7 @@ def test_replica_set_round_robin_puts_down_replicas_last():
     assert replicas.order() == [0, 1, 2]
 
 
+@pytest.mark.process
 def test_batches_spread_over_replicas():
     a, b = FakeRetriever(), FakeRetriever()
     try:
@@ -830,6 +863,7 @@ def test_batches_spread_over_replicas():
         b.stop()
 
 
+@pytest.mark.process
 def test_refused_chunk_goes_to_another_replica_without_waiting():
     a, b = FakeRetriever(), FakeRetriever()
     a.script = [("refuse", 5)] * 3
@@ -845,6 +879,7 @@ def test_refused_chunk_goes_to_another_replica_without_waiting():
         b.stop()
 
 
+@pytest.mark.process
 def test_failover_from_a_dead_replica():
     dead, live = FakeRetriever(), FakeRetriever()
     dead_url = dead.url
@@ -860,6 +895,7 @@ def test_failover_from_a_dead_replica():
     live.stop()
 
 
+@pytest.mark.process
 def test_a_replica_sending_garbage_fails_over_to_another():
     bad, good = FakeRetriever(), FakeRetriever()
     bad.script = [("raw", b"<html>oops</html>")] * 5
@@ -875,6 +911,7 @@ def test_a_replica_sending_garbage_fails_over_to_another():
         good.stop()
 
 
+@pytest.mark.process
 def test_answers_are_decoded_after_the_window_slot_is_given_back(fake, monkeypatch):
     seen = []
     decode = transport_module.decode_json
@@ -890,6 +927,7 @@ def test_answers_are_decoded_after_the_window_slot_is_given_back(fake, monkeypat
     assert seen == [0, 0, 0]  # the server's work was done: the next request may go meanwhile
 
 
+@pytest.mark.process
 def test_all_replicas_down_is_a_counted_failure_not_an_exception():
     a, b = FakeRetriever(), FakeRetriever()
     urls = [a.url, b.url]
@@ -902,6 +940,7 @@ def test_all_replicas_down_is_a_counted_failure_not_an_exception():
         assert not client.health()
 
 
+@pytest.mark.process
 def test_a_client_nobody_closes_shuts_its_loop_down_when_collected(fake):
     import gc
 
@@ -913,6 +952,7 @@ def test_a_client_nobody_closes_shuts_its_loop_down_when_collected(fake):
     assert loop.is_closed()
 
 
+@pytest.mark.process
 def test_close_twice_and_blocking_transports_share_the_cap(fake):
     from vrag_rollout.retrieval.fixtures import RecordingTransport
 

@@ -47,10 +47,35 @@ def test_build_is_idempotent_and_redoes_half_built_dirs(tmp_path, monkeypatch):
 
 
 def test_default_model_dir(monkeypatch, tmp_path):
+    version = tiny_model.BUILDER_VERSION
     monkeypatch.setenv("VRAG_ROLLOUT_CACHE", str(tmp_path))
-    assert default_model_dir() == tmp_path / f"tiny-qwen2vl-v{tiny_model.BUILDER_VERSION}"
+    assert default_model_dir() == tmp_path / f"tiny-qwen2vl-compact-v{version}"
+    assert default_model_dir("qwen2.5-vl", "released") == tmp_path / f"tiny-qwen25vl-released-v{version}"
     monkeypatch.delenv("VRAG_ROLLOUT_CACHE")
-    assert default_model_dir() == Path.home() / ".cache" / "vrag-rollout" / f"tiny-qwen2vl-v{tiny_model.BUILDER_VERSION}"
+    assert default_model_dir() == Path.home() / ".cache" / "vrag-rollout" / f"tiny-qwen2vl-compact-v{version}"
+    with pytest.raises(ValueError, match="unknown tiny-model shape 'huge'"):
+        default_model_dir("qwen2-vl", "huge")
+
+
+def test_a_build_of_another_shape_is_replaced_not_reused(tmp_path):
+    from transformers import AutoConfig
+
+    out = build_tiny_qwen2vl(tmp_path / "m")
+    assert tiny_model.built_shape(out) == "compact"
+    assert build_tiny_qwen2vl(out, shape="released") == out
+    assert tiny_model.built_shape(out) == "released"
+    assert AutoConfig.from_pretrained(out).text_config.vocab_size == 151936
+    assert tiny_model.built_shape(tmp_path) is None  # not a tiny model
+
+
+def test_the_cli_builds_either_shape(tmp_path, capsys):
+    from vrag_rollout.cli import main
+
+    assert main(["build-tiny-model", str(tmp_path / "r"), "--shape", "released", "--family", "qwen3-vl"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "r")
+    assert tiny_model.built_shape(tmp_path / "r") == "released"
+    with pytest.raises(SystemExit):
+        main(["build-tiny-model", "--shape", "huge"])
 
 
 @pytest.fixture(scope="module")

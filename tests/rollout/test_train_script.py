@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from vrag_rollout.integrations.easyr1.preflight import data_files, problems
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,6 +47,7 @@ def test_nothing_to_report_when_everything_is_there(tmp_path):
         f"(docs/easyr1.md), or pass data.train_files=PATH"]
 
 
+@pytest.mark.process
 def test_the_script_checks_first_from_another_directory(tmp_path):
     """Run from elsewhere, without EasyR1 (as here) and without data: it refuses at once, before
     starting the retriever, with the project's python (the system one lacks the project)."""

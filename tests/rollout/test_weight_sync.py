@@ -2,7 +2,8 @@
 transformers forward pass: a perturbed model synced in is served (gap <= 1e-3), the same model
 not synced is caught (gap > 1e-3), and the original weights synced back are served again.
 
-The engines are the session's shared ones (tests/conftest.py): every test leaves its engine on
+Every family runs in both tiny-model shapes (the released one at the released logits width). The
+engines are the session's shared ones (tests/conftest.py): every test leaves its engine on
 the original weights, and the module's fixture syncs them back and verifies that at the end."""
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import pytest
 import torch
 from transformers import AutoModelForImageTextToText
 
+from vrag_rollout.devkit.tiny_model import SHAPES
 from vrag_rollout.engine import weights
+from vrag_rollout.families import FAMILY_NAMES
 from vrag_rollout.engine.weights import (SYNC_TOLERANCE, WeightSyncError, check_synced, logprob_gap,
                                          sync_weights)
 
@@ -37,6 +40,13 @@ def perturbed(model):
     return other
 
 
+@pytest.fixture(scope="module", params=[(family, shape) for shape in SHAPES for family in FAMILY_NAMES],
+                ids=lambda param: "-".join(param))
+def family_model(request, family_models):
+    """Every family in both shapes: the released one syncs at the released logits width."""
+    return family_models(*request.param)
+
+
 @pytest.fixture(scope="module")
 def models(family_model):
     """(original HF model, perturbed copy); syncs the original back into the engine at the end."""
@@ -48,7 +58,7 @@ def models(family_model):
 
 def _gap(fm, model, what):
     gap = logprob_gap(fm.llm, model, fm.processor)
-    GAPS[(fm.family, what)] = gap
+    GAPS[(fm.model_dir.name, what)] = gap
     print(f"\n{fm.family}: {what}: max logprob gap {gap:.3e}")
     return gap
 
@@ -95,7 +105,7 @@ def test_a_sync_that_keeps_stale_caches_is_caught(family_model, models, monkeypa
         stale_text = logprob_gap(fm.llm, models.perturbed, fm.processor, prompts=weights.DEFAULT_PROMPTS[1:2],
                                  with_image=False)
         stale_image = logprob_gap(fm.llm, models.perturbed, fm.processor, prompts=weights.DEFAULT_PROMPTS[:1])
-        GAPS[(fm.family, "perturbed, synced, caches kept")] = (stale_text, stale_image)
+        GAPS[(fm.model_dir.name, "perturbed, synced, caches kept")] = (stale_text, stale_image)
         print(f"\n{fm.family}: caches kept: gap {stale_text:.3e} (long text), {stale_image:.3e} (image)")
         assert stale_text > SYNC_TOLERANCE and stale_image > SYNC_TOLERANCE
         weights.drop_stale_state(fm.llm)

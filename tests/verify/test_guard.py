@@ -40,6 +40,7 @@ def bad_per_check(saved, model_dir) -> set[int]:
     return {f.sample for f in check_batch(saved, model_dir).failures}
 
 
+@pytest.mark.engine  # its rollouts are requested by name
 @pytest.mark.parametrize("name", ["grammar_rollout", "free_rollout", "tempered_rollout"])
 def test_clean_batches_pass(name, request):
     rollout = request.getfixturevalue(name)

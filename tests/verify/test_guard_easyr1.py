@@ -4,7 +4,9 @@ installed here; `scripts/check_easyr1.py --plant all` runs the same against a re
 
 The rollout worker's dispatcher builds the adapter with a `LiveGuard` from `worker.rollout`'s
 fields; the adapter guards the agent's batch before EasyR1's masks; the trainer's patched
-`compute_data_metrics` turns the rows' verdicts and the old log-probs into `guard/` metrics."""
+`compute_data_metrics` turns the rows' verdicts and the old log-probs into `guard/` metrics.
+The batch is a rollout of the released-shape tiny Qwen2-VL: the released ids and logits width, as
+EasyR1 meets them."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import torch
 from tensordict import TensorDict
 
 from tests.rollout.test_easyr1_integration import _agent_config, easyr1  # noqa: F401 (a fixture)
+from tests.rollout.agent_helpers import sample_prompts
+from tests.verify.helpers import roll
 from tests.verify.test_guard import trainer_batch
 from vrag_rollout.devkit.planted_defects import DEFECTS, plant
 from vrag_rollout.integrations import easyr1 as glue
@@ -21,6 +25,19 @@ from vrag_rollout.verify.guard import GUARD_COLUMN, GuardFailure
 from vrag_rollout.verify.saved_batch import load_rollout
 
 SERVED: list = []  # the batch the stand-in agent "generates"
+
+
+@pytest.fixture(scope="module")
+def released_processor(released_qwen2vl):
+    return released_qwen2vl.processor
+
+
+@pytest.fixture(scope="module")
+def released_rollout(released_qwen2vl, tmp_path_factory):
+    """The demo grammar's rollout (as `grammar_rollout`) on the released-shape model."""
+    model = released_qwen2vl
+    path = tmp_path_factory.mktemp("released") / "grammar.pt"
+    return roll(model.model_dir, model.processor, model.llm, sample_prompts(6), path, calculate_log_probs=True)
 
 
 class ServedBatch:
@@ -43,7 +60,7 @@ def easyr1_batch(saved):
 
 
 @pytest.fixture
-def worker_rollout(easyr1, grammar_rollout, tiny_processor, monkeypatch, tmp_path):  # noqa: F811
+def worker_rollout(easyr1, released_rollout, released_processor, monkeypatch, tmp_path):  # noqa: F811
     def build(mode):
         monkeypatch.setenv(glue.AGENT_CLASS_ENV, f"{__name__}:ServedBatch")
         glue.install_agent_rollout()
@@ -51,20 +68,21 @@ def worker_rollout(easyr1, grammar_rollout, tiny_processor, monkeypatch, tmp_pat
 
         # every sample's positions compared, so the shifted-positions sample is always among them
         config = _agent_config(guard=mode, guard_samples_dir=str(tmp_path / mode), n=2, guard_positions_fraction=1.0)
-        return fw.vLLMRollout(model_path=str(grammar_rollout.model_dir), config=config, tokenizer=None,
-                              processor=tiny_processor)
+        return fw.vLLMRollout(model_path=str(released_rollout.model_dir), config=config, tokenizer=None,
+                              processor=released_processor)
     return build
 
 
-def test_drop_in_the_worker_and_guard_metrics_in_the_trainer(worker_rollout, grammar_rollout, tiny_processor, tmp_path):
+def test_drop_in_the_worker_and_guard_metrics_in_the_trainer(worker_rollout, released_rollout, released_processor,
+                                                            tmp_path):
     from verl.protocol import DataProto
     from verl.trainer import ray_trainer
 
     rollout = worker_rollout("drop")
     assert isinstance(rollout, glue.EasyR1RolloutAdapter) and rollout._live_guard.mode == "drop"
-    batch = easyr1_batch(load_rollout(grammar_rollout.path))
+    batch = easyr1_batch(load_rollout(released_rollout.path))
     taken: set = set()
-    planted = sorted(plant(name, batch, tiny_processor, taken) for name in DEFECTS)
+    planted = sorted(plant(name, batch, released_processor, taken) for name in DEFECTS)
     SERVED.append(batch)
     out = rollout.generate_sequences(DataProto(None, {}, {}))
     # EasyR1's loss mask (response_mask) is the agent's loss mask, zeroed on exactly the planted samples
@@ -87,17 +105,17 @@ def test_drop_in_the_worker_and_guard_metrics_in_the_trainer(worker_rollout, gra
     assert not any(k.startswith("guard/drift") for k in ray_trainer.compute_data_metrics(out))
 
 
-def test_fail_stops_the_step_and_off_builds_no_guard(worker_rollout, grammar_rollout, tiny_processor):
+def test_fail_stops_the_step_and_off_builds_no_guard(worker_rollout, released_rollout, released_processor):
     from verl.protocol import DataProto
 
     rollout = worker_rollout("fail")
-    batch = easyr1_batch(load_rollout(grammar_rollout.path))
-    row = plant("past_the_stop", batch, tiny_processor, set())
+    batch = easyr1_batch(load_rollout(released_rollout.path))
+    row = plant("past_the_stop", batch, released_processor, set())
     SERVED.append(batch)
     with pytest.raises(GuardFailure, match=f"sample {row}"):
         rollout.generate_sequences(DataProto(None, {}, {}))
     assert worker_rollout("off")._live_guard is None
-    clean = easyr1_batch(load_rollout(grammar_rollout.path))
+    clean = easyr1_batch(load_rollout(released_rollout.path))
     SERVED.append(clean)
     out = worker_rollout("warn").generate_sequences(DataProto(None, {}, {}))
     assert not any(verdict["bad"] for verdict in out.non_tensor_batch[GUARD_COLUMN])

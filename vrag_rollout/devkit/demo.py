@@ -192,15 +192,16 @@ def demo_config(**overrides: Any) -> AgentRolloutConfig:
     return AgentRolloutConfig(**base)
 
 
-def demo_model(family: Optional[str] = None, model: Optional[str] = None) -> tuple[Path, str]:
+def demo_model(family: Optional[str] = None, model: Optional[str] = None, shape: str = "compact") -> tuple[Path, str]:
     """(model dir, family name): a local checkpoint of a supported family, or the family's tiny
-    model (built once, cached). A family named beside a checkpoint must be the checkpoint's."""
+    model of `shape` (built once, cached; docs/tiny-models.md). A family named beside a checkpoint
+    must be the checkpoint's."""
     from ..families import detect_family, family_by_name
     from .tiny_model import build_tiny_model, default_model_dir
 
     if model is None:
         name = family_by_name(family or "qwen2-vl").name
-        return build_tiny_model(default_model_dir(name), name), name
+        return build_tiny_model(default_model_dir(name, shape), name, shape=shape), name
     model_dir = Path(model).expanduser()
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"--model {model}: not a local model directory (no config.json)")

@@ -6,12 +6,20 @@ tokenizer class, special tokens, chat template shape, image processor geometry) 
 in seconds without a model hub. Nothing here is trained beyond the tokenizer. The per-family
 parts live in `tiny_families`; this module holds the tokenizer and the atomic, cached build.
 
-Release-shaped: every structural trait of the released checkpoints that code can depend on is
-mirrored (`tiny_families.ReleasedShape`, docs/tiny-models.md): the special tokens sit at their
-released ids (`<|endoftext|>` 151643 ...), which a synthetic filler vocabulary below them makes
-possible; `vocab_size` is padded past the tokenizer as the releases pad it; embeddings are tied or
-untied as the released size they copy; `generation_config.json` and the processor's pixel limits
-are the released ones. Code must still look ids up by name (another family may put them elsewhere).
+Two shapes, one builder (`SHAPES`, docs/tiny-models.md). Both mirror the structural traits of
+the released checkpoint they copy (`tiny_families.ReleasedShape`): `vocab_size` padded past the
+tokenizer by as many rows as the release pads, embeddings tied or untied as the released size,
+`generation_config.json` and the processor's pixel limits as released, the added tokens in the
+released order. They differ in where the special tokens sit:
+
+- `compact` (the default: tests, demo, `learn`): the learned BPE vocabulary only, so the specials
+  follow it at small ids that are *not* the released ones. Any code that hard-codes a released id
+  fails on it, and an engine step samples ~1,300 logits instead of ~152,000.
+- `released`: a synthetic filler vocabulary below the specials puts them at their released ids
+  (`<|endoftext|>` 151643 ...) and the logits at the released width, for code whose subject is
+  that width or that reads ids by value (third-party trainers, weight sync at full width).
+
+Code must look ids up by name either way.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from ..families import family_by_name
 from .tiny_families import TINY_FAMILIES, TinyFamily
 
 # Bump when anything that changes the built files changes: old caches are then rebuilt.
-BUILDER_VERSION = 4
+BUILDER_VERSION = 5
 MARKER_NAME = ".vrag_tiny_build.json"
 
 BPE_VOCAB_SIZE = 1024
@@ -36,6 +44,9 @@ BPE_VOCAB_SIZE = 1024
 # pre-tokenizer always splits apart, so no text ever encodes to one; each still decodes (" fill123").
 RELEASED_ORDINARY_TOKENS = 151643
 FILLER_PREFIX = "\u0120fill"  # byte-level spelling of " fill"
+
+COMPACT, RELEASED = "compact", "released"
+SHAPES = (COMPACT, RELEASED)
 
 # Qwen2-VL's special tokens, in Qwen's own id order (they follow the BPE vocabulary).
 SPECIAL_TOKENS = (
@@ -83,7 +94,7 @@ def _corpus(seed: int) -> list[str]:
     return lines
 
 
-def _train_tokenizer(seed: int, family: TinyFamily):
+def _train_tokenizer(seed: int, family: TinyFamily, shape: str):
     """Byte-level BPE with Qwen2's normalizer/pre-tokenizer, wrapped as a Qwen2Tokenizer."""
     from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
     from tokenizers.models import BPE
@@ -107,7 +118,9 @@ def _train_tokenizer(seed: int, family: TinyFamily):
     )
     raw.train_from_iterator(_corpus(seed), trainer=trainer)
     model = json.loads(raw.to_str())["model"]
-    vocab = _with_fillers(dict(sorted(model["vocab"].items(), key=lambda kv: kv[1])))
+    vocab = dict(sorted(model["vocab"].items(), key=lambda kv: kv[1]))
+    if shape == RELEASED:
+        vocab = _with_fillers(vocab)
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
 
     tok = _qwen2_tokenizer(vocab, merges)
@@ -152,13 +165,28 @@ def _special_ids(tok) -> dict[str, int]:
     return {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
 
 
-def _build_model(family: TinyFamily, ids: dict[str, int], seed: int):
+def released_padding(family: TinyFamily) -> int:
+    """How many embedding rows the released checkpoint has past its tokenizer (279 for
+    Qwen2-VL-2B: 151,936 rows for 151,657 tokens)."""
+    released_tokens = RELEASED_ORDINARY_TOKENS + len(SPECIAL_TOKENS) + len(family.shape.added_tokens)
+    return family.shape.vocab_size - released_tokens
+
+
+def _vocab_size(family: TinyFamily, tokenizer_length: int, shape: str) -> int:
+    """The embedding rows: the released count for `released`; for `compact`, the tokenizer padded
+    by as many rows as the release pads (the padded rows are what the rollout must ban)."""
+    if shape == RELEASED:
+        return family.shape.vocab_size
+    return tokenizer_length + released_padding(family)
+
+
+def _build_model(family: TinyFamily, ids: dict[str, int], vocab_size: int, seed: int):
     import torch
     import transformers
     from transformers import GenerationConfig
 
     shape = family.shape
-    config = family.build_config(ids, shape.vocab_size, shape.tie_word_embeddings)
+    config = family.build_config(ids, vocab_size, shape.tie_word_embeddings)
     config.dtype = torch.float32
     torch.manual_seed(seed)
     model = getattr(transformers, family.model_class)(config).to(torch.float32).eval()
@@ -174,86 +202,102 @@ def _build_model(family: TinyFamily, ids: dict[str, int], seed: int):
     return model
 
 
-def _is_complete(out_dir: Path, seed: int, family: str) -> bool:
+def _marker(seed: int, family: str, shape: str) -> dict:
+    return {"builder_version": BUILDER_VERSION, "seed": seed, "family": family, "shape": shape}
+
+
+def _is_complete(out_dir: Path, seed: int, family: str, shape: str) -> bool:
     try:
         marker = json.loads((out_dir / MARKER_NAME).read_text())
     except (OSError, ValueError):
         return False
-    return (
-        marker.get("builder_version") == BUILDER_VERSION
-        and marker.get("seed") == seed
-        and marker.get("family", "qwen2-vl") == family
-    )
+    return {key: marker.get(key) for key in ("builder_version", "seed", "family", "shape")} == _marker(seed, family, shape)
 
 
-def _write_marker(dir_: Path, seed: int, family: str) -> None:
+def built_shape(model_dir: str | Path) -> str | None:
+    """The shape of a tiny model built here (`compact` or `released`); None for any other model."""
+    try:
+        return json.loads((Path(model_dir) / MARKER_NAME).read_text()).get("shape")
+    except (OSError, ValueError):
+        return None
+
+
+def _write_marker(dir_: Path, seed: int, family: str, shape: str) -> None:
     files = sorted(p.name for p in dir_.iterdir())
-    record = {"builder_version": BUILDER_VERSION, "seed": seed, "files": files}
-    if family != "qwen2-vl":  # Qwen2-VL's marker keeps its original shape (cached builds stay valid)
-        record["family"] = family
+    record = dict(_marker(seed, family, shape), files=files)
     tmp = dir_ / (MARKER_NAME + ".tmp")
     tmp.write_text(json.dumps(record, indent=1))
     os.replace(tmp, dir_ / MARKER_NAME)  # atomic: the marker exists only once all files do
 
 
-def _build_into(dir_: Path, seed: int, family: str) -> None:
+def _build_into(dir_: Path, seed: int, family: str, shape: str) -> None:
     spec = TINY_FAMILIES[family]
-    tok = _train_tokenizer(seed, spec)
+    tok = _train_tokenizer(seed, spec, shape)
     ids = _special_ids(tok)
     assert len(set(ids.values())) == len(SPECIAL_TOKENS), ids
     processor = spec.build_processor(tok, spec, spec.pixel_band())
-    model = _build_model(spec, ids, seed=seed)
+    model = _build_model(spec, ids, _vocab_size(spec, len(tok), shape), seed=seed)
     model.save_pretrained(dir_, safe_serialization=True)
     processor.save_pretrained(dir_)
-    _write_marker(dir_, seed, family)
+    _write_marker(dir_, seed, family, shape)
 
 
-def build_tiny_model(out_dir: str | Path, family: str = "qwen2-vl", *, seed: int = 0) -> Path:
-    """Build (or reuse) a tiny random model of ``family`` in ``out_dir``; returns the directory.
+def _shape_name(shape: str) -> str:
+    if shape not in SHAPES:
+        raise ValueError(f"unknown tiny-model shape {shape!r}: choose one of {', '.join(SHAPES)}")
+    return shape
 
-    Idempotent: a directory holding a complete build of this builder version, family and seed
-    is returned as is. Otherwise the model is built in a sibling temp dir and moved into place,
-    so readers never see a half-written directory and a crashed build is simply redone.
+
+def build_tiny_model(out_dir: str | Path, family: str = "qwen2-vl", *, seed: int = 0, shape: str = COMPACT) -> Path:
+    """Build (or reuse) a tiny random model of ``family`` and ``shape`` in ``out_dir``; returns the
+    directory.
+
+    Idempotent: a directory holding a complete build of this builder version, family, shape and
+    seed is returned as is. Otherwise the model is built in a sibling temp dir and moved into
+    place, so readers never see a half-written directory and a crashed build is simply redone.
     """
     family = family_by_name(family).name  # a clear error for unknown names
+    shape = _shape_name(shape)
     out_dir = Path(out_dir).expanduser().resolve()
-    if _is_complete(out_dir, seed, family):
+    if _is_complete(out_dir, seed, family, shape):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.build-", dir=out_dir.parent))
     try:
-        _build_into(tmp, seed, family)
+        _build_into(tmp, seed, family, shape)
         if out_dir.exists():
-            if _is_complete(out_dir, seed, family):  # a concurrent builder finished first
+            if _is_complete(out_dir, seed, family, shape):  # a concurrent builder finished first
                 return out_dir
-            shutil.rmtree(out_dir)  # stale, half-built or another family
+            shutil.rmtree(out_dir)  # stale, half-built, or another family or shape
         try:
             os.replace(tmp, out_dir)
         except OSError:
             # Lost a race with another builder that created out_dir meanwhile.
-            if not _is_complete(out_dir, seed, family):
+            if not _is_complete(out_dir, seed, family, shape):
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 
-def build_tiny_qwen2vl(out_dir: str | Path, *, seed: int = 0) -> Path:
+def build_tiny_qwen2vl(out_dir: str | Path, *, seed: int = 0, shape: str = COMPACT) -> Path:
     """The tiny Qwen2-VL (``build_tiny_model(out_dir, "qwen2-vl")``)."""
-    return build_tiny_model(out_dir, "qwen2-vl", seed=seed)
+    return build_tiny_model(out_dir, "qwen2-vl", seed=seed, shape=shape)
 
 
-def default_model_dir(family: str = "qwen2-vl") -> Path:
-    """``$VRAG_ROLLOUT_CACHE/tiny-<family>-v<N>``, else ``~/.cache/vrag-rollout/tiny-<family>-v<N>``,
-    the family written without dashes and dots (``tiny-qwen2vl-v4``, ``tiny-qwen25vl-v4``)."""
+def default_model_dir(family: str = "qwen2-vl", shape: str = COMPACT) -> Path:
+    """``$VRAG_ROLLOUT_CACHE/tiny-<family>-<shape>-v<N>``, else under ``~/.cache/vrag-rollout``,
+    the family written without dashes and dots (``tiny-qwen2vl-compact-v5``,
+    ``tiny-qwen25vl-released-v5``)."""
     root = os.environ.get("VRAG_ROLLOUT_CACHE")
     base = Path(root).expanduser() if root else Path.home() / ".cache" / "vrag-rollout"
     slug = family_by_name(family).name.replace("-", "").replace(".", "")
-    return base / f"tiny-{slug}-v{BUILDER_VERSION}"
+    return base / f"tiny-{slug}-{_shape_name(shape)}-v{BUILDER_VERSION}"
 
 
-if __name__ == "__main__":  # python -m vrag_rollout.devkit.tiny_model [FAMILY [DIR]]
+if __name__ == "__main__":  # python -m vrag_rollout.devkit.tiny_model [FAMILY [DIR [SHAPE]]]
     import sys
 
     name = sys.argv[1] if len(sys.argv) > 1 else "qwen2-vl"
-    print(build_tiny_model(sys.argv[2] if len(sys.argv) > 2 else default_model_dir(name), name))
+    form = sys.argv[3] if len(sys.argv) > 3 else COMPACT
+    print(build_tiny_model(sys.argv[2] if len(sys.argv) > 2 else default_model_dir(name, form), name, shape=form))

@@ -161,9 +161,28 @@ def create_llm(**llm_kwargs: Any) -> Any:
         # which CPU generators cannot do ("CPU Generator does not use offset"); every rollout
         # request is seeded, so keep prefills whole on CPU.
         llm_kwargs.setdefault("enable_chunked_prefill", False)
-        with _modules_hidden_from_kernel_scan():
+        # The CPU worker sizes its KV cache from VLLM_CPU_KVCACHE_SPACE, not from a profile: a
+        # multimodal profiling pass would only cost start-up time.
+        llm_kwargs.setdefault("skip_mm_profiling", True)
+        with _modules_hidden_from_kernel_scan(), _explicit_kv_cache_wins(llm_kwargs):
             return LLM(**llm_kwargs)
     return LLM(**llm_kwargs)
+
+
+@contextmanager
+def _explicit_kv_cache_wins(llm_kwargs: dict) -> Iterator[None]:
+    """vLLM's CPU platform sizes the KV cache from VLLM_CPU_KVCACHE_SPACE (whole GiB) over an
+    explicit `kv_cache_memory_bytes`; with the latter given, the variable is unset while the
+    engine starts. (A child process started meanwhile gets the default back from
+    `configure_cpu_defaults`.)"""
+    if llm_kwargs.get("kv_cache_memory_bytes") is None or "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+        yield
+        return
+    saved = os.environ.pop("VLLM_CPU_KVCACHE_SPACE")
+    try:
+        yield
+    finally:
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = saved
 
 
 def greedy_texts(llm: Any, prompts: Sequence[str], max_tokens: int) -> list[str]:
