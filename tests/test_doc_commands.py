@@ -110,16 +110,16 @@ SUBSTITUTIONS = {
         f'.venv/bin/vrag-rollout check {_LEARN_DIR}/eval.pt --model '
         '"$(.venv/bin/vrag-rollout build-tiny-model)" --forward',
         "DIR is the --out of a learn run: `make learn`'s, artifacts/learn"),
-    # 40 steps take a minute on two idle cores and many minutes on a loaded CI machine: the
+    # 40 steps take two minutes on two idle cores and many minutes on a loaded CI machine: the
     # same make target with fewer steps (its recipe passes ACTION_FORMAT on to learn's options).
     "make learn": (
         'make learn ACTION_FORMAT="tags --steps 3"',
         "3 steps instead of 40 (time); enough for the final weights to fail the check against "
         "the initial model"),
-    "make learn                                   # qwen2-vl, tags; about a minute on two cores": (
+    "make learn                                   # qwen2-vl, tags; about two minutes on two cores": (
         'make learn ACTION_FORMAT="tags --steps 3"',
         "as README's make learn (already run in the session, so not run again)"),
-    # The second family's run, 40 steps (more than a minute on two cores), as a short run of the
+    # The second family's run, 40 steps (minutes on two cores), as a short run of the
     # same make target into its own directory, so that artifacts/learn stays the qwen2-vl run
     # the checks above read.
     "make learn FAMILY=qwen3-vl ACTION_FORMAT=tool_call": (

@@ -11,7 +11,7 @@ tiny Qwen2-VL's engine, the find-the-page task (`devkit/learn_task.py`):
   the initial model (the engine really served trained weights);
 - a skipped sync fails the run.
 
-The two 16-step runs (the real one and control 1) run in a process of their own with its own
+The two 12-step runs (the real one and control 1) run in a process of their own with its own
 engine, beside the other tests (`learn_runs.py`, tests/background.py); the other runs here use
 the session's engine, which is synced back to the original weights (and checked) after them:
 other tests share it.

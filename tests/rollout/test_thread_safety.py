@@ -24,10 +24,10 @@ from vrag_rollout.core.tool_turns import TOOLS, ToolTurnTemplate
 from vrag_rollout.rollout.tools import Observer
 from vrag_rollout.core.vision import page_band
 
-pytestmark = pytest.mark.stress  # 8 threads x 60 rounds per family: seconds each
+pytestmark = pytest.mark.stress  # 8 threads x 30 rounds per family: seconds each
 
 THREADS = 8
-ROUNDS = 60  # per thread, each round every item of both formats
+ROUNDS = 30  # per thread, each round every item of both formats
 
 
 def jpeg(seed: int) -> bytes:
