@@ -80,8 +80,13 @@ def pytest_collection_modifyitems(config, items):
         # worker starts those engines, not each (tests/xdist_schedule.py).
         from tests.xdist_schedule import publish_named_units
 
-        publish_named_units(config, {item.nodeid: "released-shape" for item in items
-                                     if RELEASED_FIXTURES & set(getattr(item, "fixturenames", ()))})
+        publish_named_units(config, {item.nodeid: "released-shape" for item in items if _uses_released_shape(item)})
+
+
+def _uses_released_shape(item) -> bool:
+    """The test uses a released-shape engine: through a fixture, or marked (a parameter's mark)."""
+    return bool(RELEASED_FIXTURES & set(getattr(item, "fixturenames", ()))
+                or item.get_closest_marker("released_shape"))
 
 
 def _background_work(item) -> Any:

@@ -78,8 +78,9 @@ def test_verl_batch_passes_the_projects_check(both_rollouts):
     assert pages > 0, "the demo grammar retrieves before it answers: pages were shown"
 
 
-@pytest.fixture(scope="module", params=list(zip(FAMILY_NAMES, ("tags", "tool_call", "tool_call"))),
-                ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(scope="module", ids=lambda p: f"{p[0]}-{p[1]}", params=[
+    pytest.param(param, marks=pytest.mark.released_shape)
+    for param in zip(FAMILY_NAMES, ("tags", "tool_call", "tool_call"))])
 def released_verl_batch(request, family_models):
     """verl's DataProto from the released-shape model of each family (both formats among them)."""
     family, action_format = request.param

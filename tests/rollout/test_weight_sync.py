@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForImageTextToText
 
-from vrag_rollout.devkit.tiny_model import SHAPES
+from vrag_rollout.devkit.tiny_model import RELEASED, SHAPES
 from vrag_rollout.engine import weights
 from vrag_rollout.families import FAMILY_NAMES
 from vrag_rollout.engine.weights import (SYNC_TOLERANCE, WeightSyncError, check_synced, logprob_gap,
@@ -40,8 +40,9 @@ def perturbed(model):
     return other
 
 
-@pytest.fixture(scope="module", params=[(family, shape) for shape in SHAPES for family in FAMILY_NAMES],
-                ids=lambda param: "-".join(param))
+@pytest.fixture(scope="module", ids=lambda param: "-".join(param), params=[
+    pytest.param((family, shape), marks=[pytest.mark.released_shape] if shape == RELEASED else [])
+    for shape in SHAPES for family in FAMILY_NAMES])
 def family_model(request, family_models):
     """Every family in both shapes: the released one syncs at the released logits width."""
     return family_models(*request.param)
