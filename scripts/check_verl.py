@@ -4,9 +4,9 @@
     .venv/bin/vrag-rollout check verl_batch.pt --forward
 
 What runs: the family's released-shape tiny model (docs/tiny-models.md) on the CPU build of vLLM,
-the sample corpus's index served by `vrag-retriever` on loopback (real HTTP retrieval), and verl 0.9.1's `AgentLoopWorker`
-(`vrag_rollout.integrations.verl.local`, built without Ray) running `vrag_agent` on the demo
-questions, n samples each; verl's postprocessing makes the DataProto it would train on, which is
+the sample corpus's index served by `vrag-retriever` on loopback (real HTTP retrieval), and verl
+0.9.1's `AgentLoopWorker` (`vrag_rollout.integrations.verl.local`, built without Ray) running
+`vrag_agent` on the demo questions, n samples each; verl's postprocessing makes the DataProto it would train on, which is
 saved with verl's own `DataProto.save_to_disk` and then checked with the project's `check` (and
 its forward oracle unless `--grammar` made the logprobs those of a constrained distribution).
 

@@ -61,11 +61,8 @@ ENGINE_ARGS = dict(
     # the largest test batch holds ~50k; several engines live in each test process.
     kv_cache_memory_bytes=256 * 2**20,
 )
-ENGINE_FIXTURES = frozenset({"engines", "tiny_llm", "family_models", "family_model", "released_model",
-                             "released_qwen2vl"})
-
-
 RELEASED_FIXTURES = frozenset({"released_model", "released_qwen2vl"})
+ENGINE_FIXTURES = frozenset({"engines", "tiny_llm", "family_models", "family_model"}) | RELEASED_FIXTURES
 
 
 def pytest_collection_modifyitems(config, items):
@@ -80,7 +77,8 @@ def pytest_collection_modifyitems(config, items):
         # worker starts those engines, not each (tests/xdist_schedule.py).
         from tests.xdist_schedule import publish_named_units
 
-        publish_named_units(config, {item.nodeid: "released-shape" for item in items if _uses_released_shape(item)})
+        released = {item.nodeid: "released-shape" for item in items if _uses_released_shape(item)}
+        publish_named_units(config, released)
 
 
 def _uses_released_shape(item) -> bool:
