@@ -118,8 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
                           help="token budget of an episode's response (sampled text and observations)")
     evaluate.add_argument("--top-n", type=int, default=3, help="pages a search returns")
     evaluate.add_argument("--judge", default=None,
-                          help="a local checkpoint that judges ViDoSeek answers with the pinned prompt (served by "
-                               "vLLM here); the rule-based scores are reported beside its verdicts")
+                          help="a local checkpoint that judges ViDoSeek answers by VRAG-RL's criteria and verdict "
+                               "format (served by vLLM here); the rule-based scores are reported beside its verdicts")
+    evaluate.add_argument("--search-required", choices=["set", "on", "off"], default="set",
+                          help="VRAG-RL's rule that an answer given without any search scores 0: as each set is "
+                               "published (on for ViDoSeek), on for every set, or off")
     evaluate.add_argument("--batch-size", type=int, default=8, help="questions rolled out together")
     evaluate.add_argument("--limit", type=int, default=None, help="only the file's first LIMIT questions")
     evaluate.add_argument("--seed", type=int, default=0, help="base of the per-question seeds")
@@ -382,7 +385,7 @@ def _evaluate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     protocol = Protocol(scope=args.scope, max_turns=args.max_turns, capped=args.capped,
                         unanswerable=args.unanswerable, response_length=args.response_length, top_n=args.top_n,
-                        seed=args.seed)
+                        seed=args.seed, search_required={"set": None, "on": True, "off": False}[args.search_required])
     report = run_evaluation(args.out, data=args.data, model=args.model, protocol=protocol, index=args.index,
                             retriever_url=args.retriever_url, batch_size=args.batch_size, limit=args.limit,
                             grammar=args.grammar, judge_model=args.judge)

@@ -65,7 +65,8 @@ def test_evaluate_two_sets_in_both_scopes(layout, tmp_path, sample_index, tiny_m
         bench = report["benchmarks"][layout]
         assert bench["questions"] == len(facts()) and bench["counted"] == len(facts())
         assert 0.0 <= bench["scores"]["accuracy"] <= 1.0
-        assert json.loads((out / "report.json").read_text())["header"]["protocol"]["scope"] == scope
+        written = json.loads((out / "report.json").read_text())["header"]
+        assert written["protocol"]["scope"] == scope and written["index"]["documents"] == 3
         markdown = (out / "report.md").read_text()
         assert f"## {layout}" in markdown and "`max_turns`: 3" in markdown and "episodes/batch-0001.html" in markdown
         for record in records:  # the recall the report averages, against a count from the saved batch
@@ -105,7 +106,7 @@ def test_the_vidoseek_judge_is_recorded_beside_the_rule_based_scores(tmp_path, s
                             protocol=Protocol(max_turns=2, response_length=512), judge_model=str(tiny_model_dir),
                             llm=tiny_llm, judge_llm=tiny_llm, progress=False)
     judge = report["header"]["protocol"]["judge"]
-    assert judge["prompt_version"] == JUDGE_PROMPT_VERSION and "{question}" in judge["prompt"]
+    assert judge["prompt_version"] == JUDGE_PROMPT_VERSION and "{query}" in judge["prompt"] and judge["fingerprint"]
     for record in records_of(out):
         assert record["judge"] is not None and "judge" in record["metrics"] and "contains" in record["metrics"]
     scores = report["benchmarks"]["vidoseek"]["scores"]

@@ -14,8 +14,7 @@ import pytest
 
 from vrag_rollout.data.sources import SOURCE_FORMATS
 from vrag_rollout.evaluation.scorers import SCORERS, scorer_for
-from vrag_rollout.evaluation.scorers.vidoseek import (JUDGE_PROMPT, JUDGE_PROMPT_VERSION, judge_request,
-                                                      read_judge_verdict, with_verdict)
+from vrag_rollout.evaluation.scorers.vidoseek import with_verdict
 
 MMLB = scorer_for("mmlongbench-doc")
 LDU = scorer_for("longdocurl")
@@ -206,8 +205,8 @@ def test_longdocurl_integer(prediction, expected):
 
 def test_longdocurl_integer_commas():
     assert ldu("96395", "96,395", "Integer") == 1.0  # the reference's comma is dropped
-    # the prediction is read as a Python literal first: "96,395" is the tuple (96, 395), "(96 395)"
-    # once cleaned, and the "(...)" group is removed: nothing is left
+    # the prediction is read by eval first: "96,395" is the tuple (96, 395), the list [96, 395]
+    # after the JSON round trip, "[96 395]" once cleaned: no int
     assert ldu("96,395", "96395", "Integer") == 0.0
 
 
@@ -290,7 +289,7 @@ def test_slidevqa_aggregate():
     assert (total["count"], total["unanswered"]) == (3.0, 1.0)
 
 
-# ---- ViDoSeek (rule-based scores; the judge's pure parts)
+# ---- ViDoSeek (rule-based scores; the judge's prompt and parser: test_vrag_protocol.py)
 
 def test_vidoseek_unicode_normalization():
     row = VIDO.score("It’s “Berlin”—in 2019.", "berlin in 2019")
@@ -306,24 +305,6 @@ def test_vidoseek_containment_is_by_whole_tokens_in_order():
     row = VIDO.score("2019 in berlin", "berlin in 2019")
     assert (row["accuracy"], row["f1"], row["contains"]) == (0.0, 1.0, 0.0)
     assert VIDO.score("anything", "")["contains"] == 0.0
-
-
-def test_vidoseek_judge_prompt_is_pinned_and_filled():
-    assert JUDGE_PROMPT_VERSION and "true" in JUDGE_PROMPT and "false" in JUDGE_PROMPT
-    text = judge_request(" What is {x}? ", "Berlin", "It is {y} Berlin")
-    assert "Question: What is {x}?\n" in text and "Reference answer: Berlin\n" in text
-    assert "Answer to grade: It is {y} Berlin\n" in text and "{question}" not in text
-
-
-@pytest.mark.parametrize("reply, verdict", [
-    ("true", True), ("False", False), (" TRUE\n", True), ("**False.**", False),
-    ("True. The answer names the same city.", True),
-    ("<think>it could be false</think>\ntrue", True),
-    ("the model reasoned here </think> false", False),
-    ("Not true", None), ("true or false?", None), ("", None), (None, None), ("maybe", None),
-])
-def test_vidoseek_reads_the_first_word_as_the_verdict(reply, verdict):
-    assert read_judge_verdict(reply) is verdict
 
 
 def test_vidoseek_aggregate_with_verdicts():

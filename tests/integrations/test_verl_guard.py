@@ -145,6 +145,43 @@ def test_each_planted_defect_is_caught_and_dropped_alone(plant, rolled, tiny_mod
         assert {f.sample for f in report.failures} == {0}, report.human()
 
 
+@pytest.mark.parametrize("plant", ["image_pads_cut", "vision_token_sampled"])
+def test_drop_leaves_every_row_as_verls_own_code_derives_it(plant, rolled, tiny_processor):
+    """An emptied sample's derived columns, re-derived: each row's `multi_modal_inputs` and
+    `position_ids` equal what verl's own `_compute_multi_modal_inputs` and `_compute_position_ids`
+    make of the row's tokens and images now, and its image pads are exactly as many as its image
+    features (the forward's own condition; verl raises for the whole step otherwise). The reward
+    reads no page of it."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    from vrag_rollout.core.pages import pixels
+
+    worker = rolled.worker
+    out = worker.replay(plant)
+    row = worker.planted
+    assert out.non_tensor_batch[GUARD_COLUMN][row].get("emptied") == 1.0
+    t, columns = out.batch, out.non_tensor_batch
+    image_pad = tiny_processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    merge = tiny_processor.image_processor.merge_size
+    for r in range(len(out)):
+        ids, attention = t["input_ids"][r:r + 1], t["attention_mask"][r:r + 1]
+        images = [pixels(entry) for entry in columns["multi_modal_data"][r]["images"]]  # as the loop hands verl:
+        output = SimpleNamespace(multi_modal_data={"images": images} if images else None, mm_processor_kwargs=None)
+        fresh = dict(AgentLoopWorker._compute_multi_modal_inputs(worker, output, ids))
+        positions = AgentLoopWorker._compute_position_ids(worker, ids, attention, fresh,
+                                                          worker._get_mm_processor_kwargs(None))
+        assert torch.equal(t["position_ids"][r], positions[0]), r
+        held = columns["multi_modal_inputs"][r]
+        assert sorted(held.keys()) == sorted(fresh.keys()), r
+        for name in fresh:
+            assert torch.equal(held[name], fresh[name]), (r, name)
+        pads = int(((ids[0] == image_pad) & attention[0].bool()).sum())
+        features = int(held["images_seqlens"].sum()) // merge ** 2 if "images_seqlens" in held else 0
+        assert pads == features, (r, pads, features)
+    assert columns["tool_extra_fields"][row]["page_ids"] == [] and list(columns["page_ids"][row]) == []
+    assert any(columns["tool_extra_fields"][r]["page_ids"] for r in range(len(out)) if r != row)
+
+
 def test_fail_stops_the_step_at_the_planted_sample(rolled, tiny_model_dir, tiny_processor, tiny_llm, tmp_path):
     failing = local_worker(tiny_model_dir, tiny_llm, settings(tiny_processor, tmp_path, "fail"),
                            SCRIPT.planting_worker_class())

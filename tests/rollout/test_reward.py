@@ -141,3 +141,20 @@ def test_turn_retrieval_scores_by_hand():
     # turn 1: report_3 at rank 2; turn 2: nothing; turn 3: only report_5 is new, at rank 1;
     # turn 4: a page of another document is not gold
     assert scores == pytest.approx([(1 / math.log2(3)) / ideal, 0.0, 1 / ideal, 0.0])
+
+
+FETCH_BODIES = ["image, 3", "text,3", " text , 10 ", "image 3", "IMAGE, 3", "3-th", "image, 0", "image, -2", "page 3",
+                "image, ٣", "image, ３", "image, ³", "text, 1٣", "٣-th", "image, 3.0", "image, 9999999", "image,"]
+
+
+@pytest.mark.parametrize("body", FETCH_BODIES)
+def test_the_reward_reads_a_fetch_exactly_as_the_rollout_runs_it(body):
+    """One reader: a fetch the rollout would run (`parse_action`) is well formed for the reward's
+    format check, and one it would refuse is not; other scripts' digits ("٣", "３") are no page."""
+    from vrag_rollout.core.actions import Fetch, parse_action
+
+    action = parse_action(f"<fetch>{body}</fetch>", "stop", "</fetch>")
+    response = f"<fetch>{body}</fetch><result>r</result><answer>x</answer>"
+    assert reward.format_score(response) == float(isinstance(action, Fetch)), action
+    if not body.isascii():
+        assert not isinstance(action, Fetch)

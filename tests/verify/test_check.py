@@ -82,7 +82,7 @@ def test_the_verdict_of_a_grammar_free_forward_check_is_plain(free_rollout, caps
 
 
 def test_check_is_independent_of_the_code_it_checks(grammar_rollout, monkeypatch):
-    """check reads the file through saved_batch only, and passes with the rollout's own token,
+    """check reads the file through saved_batch only (and its image reader, a leaf), and passes with the rollout's own token,
     position, observation and vision code sabotaged."""
     import ast
     import importlib
@@ -91,12 +91,13 @@ def test_check_is_independent_of_the_code_it_checks(grammar_rollout, monkeypatch
     from importlib.util import resolve_name
 
     from vrag_rollout.core import batch, observation, positions, vision
-    from vrag_rollout.verify import check, saved_batch
+    from vrag_rollout.verify import check, image_entries, saved_batch
 
     parts = [importlib.import_module(f"{check.__name__}.{info.name}") for info in pkgutil.iter_modules(check.__path__)]
     assert len(parts) > 1, parts
     own = {check.__name__} | {part.__name__ for part in parts}
-    for module, allowed in [(m, own | {saved_batch.__name__}) for m in (check, *parts)] + [(saved_batch, set())]:
+    for module, allowed in [(m, own | {saved_batch.__name__}) for m in (check, *parts)] + [(saved_batch, {image_entries.__name__}),
+                                                                                     (image_entries, set())]:
         tree = ast.parse(inspect.getsource(module))
         package = module.__name__ if hasattr(module, "__path__") else module.__name__.rpartition(".")[0]
         relative = {resolve_name("." * node.level + (node.module or ""), package)

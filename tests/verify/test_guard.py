@@ -4,6 +4,7 @@ policy drops, stops or only reports."""
 
 from __future__ import annotations
 
+import dataclasses
 import html
 from types import SimpleNamespace
 
@@ -238,3 +239,151 @@ def test_drop_empties_a_sample_the_trainers_forward_could_not_take(name, saved, 
     assert metrics["guard/emptied"] == 1 and int(batch.batch["attention_mask"][row, batch.batch["prompts"].shape[1]:].sum()) == 0
     actor_forward(hf_model, tiny_processor, batch, row)  # goes through now
     assert all(f.check != "image_tokens" for f in guard.inspect(batch, grammar_rollout.config).failures.get(row, []))
+
+
+def image_runs(batch, row, processor):
+    from vrag_rollout.devkit.planted_defects import runs
+
+    ids = batch.batch["input_ids"][row][batch.batch["attention_mask"][row].bool()].tolist()
+    return runs(ids, token_of(processor, "<|image_pad|>"))
+
+
+def row_with_prompt_and_page_images(batch, processor) -> int:
+    """A sample whose prompt shows an image and whose response shows a page of another pad count."""
+    P = batch.batch["prompts"].shape[1]
+    for row in range(len(batch.batch["responses"])):
+        runs = image_runs(batch, row, processor)
+        prompt_runs = int((batch.batch["attention_mask"][row, :P] != 0).sum())  # attended prompt tokens
+        starts = [start for start, _ in runs]
+        first_page = next((k for k, start in enumerate(starts) if start >= prompt_runs), None)
+        if first_page == 1 and runs[0][1] - runs[0][0] != runs[1][1] - runs[1][0]:
+            return row
+    pytest.fail("no sample with a prompt image and a page of another size")
+
+
+@pytest.mark.parametrize("fault", ["prompt_image_resized", "page_ahead_of_the_prompt_image"])
+def test_drop_is_safe_when_the_bad_image_is_in_the_prompt(fault, saved, guard, grammar_rollout, tiny_processor,
+                                                          hf_model):
+    """A bad image in the prompt: emptying the response is not enough (the prompt's own pad run
+    disagrees with the image kept for it). Drop leaves a text-only prompt the forward takes, with
+    positions the family's `get_rope_index` gives it; the other samples are untouched."""
+    from vrag_rollout.verify.guard import LiveGuard
+
+    batch = trainer_batch(saved)
+    row = row_with_prompt_and_page_images(batch, tiny_processor)
+    images = [pixels(image) for image in batch.non_tensor_batch["multi_modal_data"][row]["images"]]
+    if fault == "prompt_image_resized":
+        images[0] = images[0].resize((images[0].width + 64, images[0].height))
+    else:
+        images[0], images[1] = images[1], images[0]
+    batch.non_tensor_batch["multi_modal_data"][row] = {"images": images}
+    before = {name: value.clone() for name, value in batch.batch.items()}
+    if fault == "prompt_image_resized":
+        with pytest.raises(ValueError, match="Image features and image tokens do not match"):
+            actor_forward(hf_model, tiny_processor, batch, row)
+    # swapped images hold as many features in all as the row has pads: the forward takes them
+    # (in the wrong places), and a row emptied down to its prompt's share would not
+    assert {f.check for f in guard.inspect(batch, grammar_rollout.config).failures[row]} == {"image_tokens"}
+    metrics = LiveGuard(guard, "drop", config=grammar_rollout.config)(batch)
+    assert metrics["guard/emptied"] == 1
+    assert batch.non_tensor_batch["multi_modal_data"][row]["images"] == []
+    assert not image_runs(batch, row, tiny_processor)
+    actor_forward(hf_model, tiny_processor, batch, row)  # goes through now
+    ids, attention = batch.batch["input_ids"][row], batch.batch["attention_mask"][row]
+    assert tiny_processor.tokenizer.decode(ids[attention.bool()]).count("Question") >= 1  # the prompt's text stays
+    expected = guard.oracle.rope_index(ids.long(), attention, None)
+    positions = batch.batch["position_ids"][row]
+    rope = positions[-3:] if positions.dim() == 2 else positions
+    assert torch.equal(rope[:, attention.bool()], expected[:, attention.bool()])
+    others = [r for r in range(len(batch.batch["responses"])) if r != row]
+    for name, value in before.items():
+        assert torch.equal(batch.batch[name][others], value[others]), name
+
+
+def test_an_emptied_sample_scores_as_an_empty_response(saved, guard, grammar_rollout, tiny_processor):
+    """Its retrieval part came from pages it no longer shows: the page columns are emptied with it."""
+    from vrag_rollout.training.learn import episode_scores
+    from vrag_rollout.verify.guard import LiveGuard
+
+    batch = trainer_batch(saved)
+    row = plant("image_pads_cut", batch, tiny_processor, set())
+    shown = [page for turn in batch.non_tensor_batch["page_ids"][row] for page in turn]
+    assert shown
+    doc, page = shown[0].rsplit("_", 1)
+    truth = {"answer": "the answer", "doc_id": doc, "gold_pages": [int(page)]}
+    truths = [truth] * (len(batch.batch["responses"]) // grammar_rollout.config.n)
+
+    def score():
+        return episode_scores(batch, tiny_processor.tokenizer, truths)[row]
+
+    assert score()["retrieval"] > 0
+    LiveGuard(guard, "drop", config=grammar_rollout.config)(batch)
+    assert list(batch.non_tensor_batch["page_ids"][row]) == []
+    from vrag_rollout.core.reward import score_response
+
+    assert score() == {key: float(value) for key, value in score_response("", {**truth, "page_ids": []}).items()}
+    assert score()["overall"] == 0.0
+
+
+def test_uid_strangers_nan_log_probs_and_over_budget_are_named(saved, guard, grammar_rollout):
+    """Blind spots of the last round: a sample given another prompt's uid (or an n-chunk that is
+    not one prompt's), a NaN rollout log-prob, and an over-budget batch's message naming no sample."""
+    batch = trainer_batch(load_rollout(grammar_rollout.path))  # a fresh copy each time
+    n = grammar_rollout.config.n
+    size = len(batch.batch["responses"])
+    assert n > 1 and size > n
+    uids = np.array([f"prompt-{row // n}" for row in range(size)], dtype=object)  # as the trainers set them
+    batch.non_tensor_batch["uid"] = uids
+    assert guard.inspect(batch, grammar_rollout.config).ok
+    uids[0] = uids[n]  # sample 0 now claims the second prompt's group
+    report = guard.inspect(batch, grammar_rollout.config)
+    assert [f.check for f in report.failures[0]] == ["grpo"] and "differs from the prompt of its group" in \
+        str(report.failures[0][0])
+    assert report.bad_samples == [0]
+
+    batch = trainer_batch(load_rollout(grammar_rollout.path))  # a fresh copy each time  # no uid: groups by n-chunk; a sample of prompt 2 moved into chunk 1
+    for name, value in batch.batch.items():
+        value[1] = value[n].clone()
+    batch.non_tensor_batch["multi_modal_data"][1] = batch.non_tensor_batch["multi_modal_data"][n]
+    bad = guard.inspect(batch, grammar_rollout.config).failures
+    assert any(f.check == "grpo" and "differs" in f.message for f in bad.get(0, []) + bad.get(1, []))
+
+    batch = trainer_batch(load_rollout(grammar_rollout.path))  # a fresh copy each time
+    real = batch.batch["attention_mask"][2, batch.batch["prompts"].shape[1]:].bool()
+    batch.batch["rollout_log_probs"][2, int(real.sum()) // 2] = float("nan")
+    report = guard.inspect(batch, grammar_rollout.config)
+    assert report.bad_samples == [2] and "rollout_log_probs holds nan" in report.lines()[0]
+
+    batch = trainer_batch(load_rollout(grammar_rollout.path))  # a fresh copy each time
+    budget = int(batch.batch["attention_mask"][:, batch.batch["prompts"].shape[1]:].sum(1).max()) - 1
+    config = dataclasses.replace(grammar_rollout.config, response_length=budget)
+    with pytest.raises(GuardFailure, match=r"over the budget: sample \d+ \(\d+ tokens\)"):
+        apply(batch, guard.inspect(batch, config), "fail")
+
+
+def test_the_guard_reads_image_paths_as_easyr1_datasets_hold_them(guard, grammar_rollout, tmp_path):
+    """EasyR1 datasets with `image_dir` hold file paths (`{"path": ..., "bytes": None}` or a plain
+    path); the guard reads them as the rollout does and finds the clean batch clean."""
+    batch = trainer_batch(load_rollout(grammar_rollout.path))
+    column = batch.non_tensor_batch["multi_modal_data"]
+    for row, item in enumerate(column):
+        entries = []
+        for k, image in enumerate(item["images"]):
+            path = tmp_path / f"{row}_{k}.png"
+            pixels(image).save(path)
+            entries.append({"path": str(path), "bytes": None} if k % 2 else str(path))
+        column[row] = {"images": entries}
+    report = guard.inspect(batch, grammar_rollout.config)
+    assert report.ok, report.lines()
+    assert sum(len(item["images"]) for item in column) > len(column)
+
+
+def test_a_shifted_mrope_is_caught_at_the_default_share_in_every_batch(guard, grammar_rollout, tiny_processor):
+    """Every sample's positions are compared with the mrope rule, whatever the draw of the samples
+    also compared with `get_rope_index`: 16 draws, 16 catches (at 1/8 the draw alone caught 4)."""
+    batch = trainer_batch(load_rollout(grammar_rollout.path))
+    row = plant("shifted_positions", batch, tiny_processor, set())
+    for seed in range(16):
+        drawn = Guard(oracle=guard.oracle, seed=seed)  # the default positions_fraction
+        report = drawn.inspect(batch, grammar_rollout.config)
+        assert report.bad_samples == [row] and report.failures[row][0].check == "positions", (seed, report.lines())

@@ -41,7 +41,9 @@ MAX_QUERY_CHARS = 512
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 # "image, 3" / "text,3" / "image 3", and the seed implementation's "3-th" (an image fetch).
-_FETCH_SPEC = re.compile(r"^\s*(?:(?P<modality>[a-zA-Z]+)\s*[, ]\s*(?P<page>-?\d+)|(?P<nth>\d+)-th)\s*$")
+# ASCII digits only (`re.ASCII`): the prompts teach them, and `\d` alone would read "٣" as a 3 that
+# no other reader (the reward's format check reads fetches through `parse_fetch` too) agrees on.
+_FETCH_SPEC = re.compile(r"^\s*(?:(?P<modality>[a-zA-Z]+)\s*[, ]\s*(?P<page>-?\d+)|(?P<nth>\d+)-th)\s*$", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,7 @@ def _parse_tool_call(text: str, stop: str, fetch_modes: Sequence[str]) -> Action
         if len(body) > MAX_QUERY_CHARS:
             return Invalid(f"the search query is longer than {MAX_QUERY_CHARS} characters.", "long_query")
         return Search(body)
-    return _parse_fetch(body, fetch_modes)
+    return parse_fetch(body, fetch_modes)
 
 
 def _parse_region_call(text: str, stop: str) -> Action:
@@ -163,7 +165,8 @@ def _parse_region_call(text: str, stop: str) -> Action:
     return Crop(page, box)
 
 
-def _parse_fetch(body: str, fetch_modes: Sequence[str]) -> Action:
+def parse_fetch(body: str, fetch_modes: Sequence[str] = ("image", "text")) -> Action:
+    """A `<fetch>` body as the rollout executes it: `Fetch`, or `Invalid` saying why not."""
     modes = " or ".join(fetch_modes)
     usage = f"write <fetch>{fetch_modes[0]}, 3</fetch> with modality {modes} and a page number from 1."
     match = _FETCH_SPEC.match(body)

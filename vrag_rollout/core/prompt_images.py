@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import io
 import math
+import os
+from collections.abc import Mapping
 from typing import Any, Optional
+
+import numpy as np
 
 from PIL import Image
 
@@ -37,14 +41,25 @@ def prompt_entries(column: Any, size: int) -> list[list[Any]]:
 
 
 def to_pil(entry: Any) -> Image.Image:
+    """A `multi_modal_data` entry as PIL: a PIL image; a page entry's decoded image; raw bytes; a
+    dict with `bytes` or, when those are None, `path` (a parquet image column); a path; an array."""
     if isinstance(entry, Image.Image):
         return entry
-    if isinstance(entry, dict) and entry.get("bytes") is not None:
-        entry = entry["bytes"]
-    if isinstance(entry, (bytes, bytearray)):
-        return Image.open(io.BytesIO(entry))
-    if isinstance(entry, str):
-        return Image.open(entry)
+    if isinstance(getattr(entry, "image", None), Image.Image):
+        return entry.image
+    if isinstance(entry, np.ndarray):
+        return Image.fromarray(entry)
+    if isinstance(entry, Mapping):
+        if entry.get("bytes") is not None:
+            entry = entry["bytes"]
+        elif entry.get("path"):
+            entry = entry["path"]
+        else:
+            raise TypeError(f"a prompt image dict has neither 'bytes' nor 'path' (keys {sorted(entry)})")
+    if isinstance(entry, (bytes, bytearray, memoryview)):
+        return Image.open(io.BytesIO(bytes(entry)))
+    if isinstance(entry, (str, os.PathLike)):
+        return Image.open(os.fspath(entry))
     raise TypeError(f"cannot read a prompt image of type {type(entry).__name__}")
 
 

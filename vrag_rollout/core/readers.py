@@ -13,8 +13,9 @@ a string is not one):
   infinities, and ints past the float range included);
 - `read_box(value)`: a list or tuple of four such numbers as four floats, else None.
 Text (what a tags-format body holds, already cut out by the parser's pattern):
-- `page_from_text(text)`: decimal digits, surrounding whitespace allowed, read as `read_page`;
-- `number_from_text(text)`: a number `float()` reads, read as `read_number`.
+- `page_from_text(text)`: ASCII decimal digits, surrounding whitespace allowed, read as `read_page`;
+- `number_from_text(text)`: an ASCII number `float()` reads, read as `read_number` (`float()` alone
+  would read other scripts' digits, which no prompt teaches and the reward does not read).
 And `clip(value, limit)`: a short, printable, UTF-8-encodable excerpt of anything, for an error
 message (an echo of hostile text must not fill the observation budget, nor break the tokenizer).
 """
@@ -64,14 +65,14 @@ def read_box(value: object) -> Optional[tuple[float, float, float, float]]:
 def page_from_text(text: str) -> Optional[int]:
     """A page number written as decimal digits, or None."""
     digits = text.strip()
-    if not digits.isdecimal() or len(digits) > _MAX_PAGE_DIGITS:
+    if not (digits.isascii() and digits.isdecimal()) or len(digits) > _MAX_PAGE_DIGITS:  # "٣" is no page 3
         return None
     return read_page(int(digits))
 
 
 def number_from_text(text: str) -> Optional[float]:
     """A finite number written as text, or None."""
-    if len(text) > _MAX_NUMBER_CHARS:
+    if len(text) > _MAX_NUMBER_CHARS or not text.isascii():
         return None
     try:
         return read_number(float(text))

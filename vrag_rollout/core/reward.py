@@ -57,14 +57,12 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from .actions import Invalid
-from .readers import page_from_text
+from .actions import Fetch, Invalid, parse_fetch
 from .tool_turns import parse_tool_calls
 
 OBSERVATION_BLOCK = re.compile(r"<(result|tool_response)>.*?(</\1>|$)", re.DOTALL)
 ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 TAG = re.compile(r"</?(think|search|fetch|crop|bbox|answer|result|tool_call|tool_response)>")
-FETCH_SPEC = re.compile(r"^\s*(image|text)\s*,\s*([0-9]+)\s*$")
 ARTICLES = re.compile(r"\b(a|an|the)\b")
 PUNCTUATION = set(string.punctuation)
 PARTS = ("accuracy", "f1", "format", "retrieval")
@@ -199,8 +197,7 @@ def format_score(response: str) -> float:
         if tag == "search" and not content.strip():
             return 0.0
         if tag == "fetch":
-            spec = FETCH_SPEC.match(content)
-            if spec is None or page_from_text(spec.group(2)) is None:  # below 1, or past readers.MAX_PAGE
+            if not isinstance(parse_fetch(content), Fetch):  # the rollout's own reader: what it would run
                 return 0.0
         if tag == "tool_call" and not _executable(content):
             return 0.0

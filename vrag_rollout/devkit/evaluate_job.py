@@ -9,14 +9,17 @@ checkpoint out greedily (one sample per question, temperature 0) with the agent 
 scorer, the retrieval metrics and, for ViDoSeek with a judge, the judge's verdict). Each batch
 is saved (`out/episodes/batch-NNNN.pt`, the saved-batch format) with its HTML view beside it.
 An interrupted run continues from `results.jsonl`: questions already there are not rolled out
-again, and a file written under another protocol, data file or model is refused. At the end it
-writes `report.json` and `report.md` (`evaluation.report`) and returns the report.
+again, and a file written under another header is refused (`results_header`: every input that can
+change a score, the index searched among them, `index_identity`). At the end it writes
+`report.json` and `report.md` (`evaluation.report`) and returns the report.
 
 The protocol (`evaluation.protocol.Protocol`) is explicit: `scope` overrides the data's scope
 (corpus: every question searches the whole index; document: its own document, the one the
 conversion recorded) and the prompt's instructions with it, where they are a format's defaults.
 The ViDoSeek judge (`judge`: a local checkpoint, served here by vLLM) reads the pinned prompt
-of `evaluation.scorers.vidoseek`; its verdict is recorded beside the rule-based score.
+of `evaluation.scorers.vidoseek` (VRAG-RL's); its verdict is recorded beside the rule-based score.
+Where the protocol requires a search (`Protocol.requires_search`, VRAG-RL's rule), an answer
+given without one scores 0 and the judge is not asked for it (`judge_plan`).
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ def question_record(question_id: str, info: dict, sample: Any, truth: dict, text
     from ..core.reward import last_answer
     from ..evaluation.retrieval import retrieval_metrics
     from ..evaluation.scorers import scorer_for
+    from ..evaluation.search_rule import searched, without_search
 
     answer = last_answer(text)
     scorer = scorer_for(info["set"])
@@ -94,17 +98,37 @@ def question_record(question_id: str, info: dict, sample: Any, truth: dict, text
         from ..evaluation.scorers.vidoseek import with_verdict
 
         metrics = with_verdict(metrics, judge["verdict"])
+    did_search = searched(text, int(row.get("num_searches", 0)))
+    if answer is not None and protocol.requires_search(info["set"]):  # VRAG-RL's rule
+        metrics = {**metrics, "unsearched": 0.0} if did_search else without_search(metrics)
     turn_pages = [list(turn) for turn in row["turn_page_ids"]]
     return {"question_id": question_id, "set": info["set"], "question": sample.question,
             "document": info["document"], "scope": "corpus" if sample.doc_id is None else "document",
             "reference": truth["answer"], "answerable": info["answerable"], "answer_format": info["answer_format"],
             "categories": info["categories"], "answer": answer, "response": text,
             "termination": row["termination_reason"],
-            "turns": len(turn_pages), "turn_page_ids": turn_pages, "metrics": metrics,
+            "turns": len(turn_pages), "turn_page_ids": turn_pages, "searched": did_search, "metrics": metrics,
             "retrieval": retrieval_metrics(turn_pages, truth), "judge": judge,
             "counted": protocol.counts(answered=answer is not None, answerable=info["answerable"]),
             "excluded": protocol.excluded_by(answered=answer is not None, answerable=info["answerable"]),
             "episode": dict(row["episode"])}
+
+
+def judge_plan(infos: list[dict], texts: list[str], searches: list[int], protocol: Any) -> list[Optional[bool]]:
+    """Per row: True to ask the judge, False for a judged set's row that is wrong without asking
+    (no answer, or, under VRAG-RL's rule, no search: VRAG-RL scores it 0 unasked), None for a
+    row of a set the judge does not score."""
+    from ..core.reward import last_answer
+    from ..evaluation.search_rule import searched
+
+    plan: list[Optional[bool]] = []
+    for info, text, count in zip(infos, texts, searches):
+        if info["set"] != JUDGED_SET:
+            plan.append(None)
+        else:
+            plan.append(last_answer(text) is not None
+                        and (searched(text, count) or not protocol.requires_search(info["set"])))
+    return plan
 
 
 class Judge:
@@ -114,7 +138,7 @@ class Judge:
     card beside the policy's `gpu_memory_utilization` (0.6 by default), and its context holds the
     prompt and the verdict only (`MAX_MODEL_LEN`)."""
 
-    MAX_TOKENS = 32
+    MAX_TOKENS = 256  # room for a few words before the <judge> block VRAG-RL's template asks for
     MEMORY_FRACTION = 0.25
     MAX_MODEL_LEN = 4096
 
@@ -136,17 +160,14 @@ class Judge:
                                    gpu_memory_utilization=self.MEMORY_FRACTION, max_model_len=self.MAX_MODEL_LEN)
         return self._llm
 
-    def batch_verdicts(self, chosen: list[int], samples: list, truths: list, infos: list, texts: list) -> list:
-        """Per row of a batch: the judge's verdict on a ViDoSeek answer, None for other sets; an
-        episode without an answer is wrong without asking."""
-        from ..core.reward import last_answer
-
-        answers = [last_answer(text) for text in texts]
-        asked = [i for i, k in enumerate(chosen) if infos[k]["set"] == JUDGED_SET and answers[i] is not None]
-        found = dict(zip(asked, self.verdicts([(samples[chosen[i]].question, str(truths[chosen[i]]["answer"]),
-                                                answers[i]) for i in asked])))
-        return [found.get(i, {"verdict": False, "text": None}) if infos[k]["set"] == JUDGED_SET else None
-                for i, k in enumerate(chosen)]
+    def batch_verdicts(self, plan: list, items: list[tuple[str, str, Optional[str]]]) -> list:
+        """Per row of a batch (`plan`: `judge_plan`'s; `items`: (question, reference, answer)):
+        the verdict for a row to ask, a wrong verdict unasked for a row that is wrong without
+        asking, None for a row of a set the judge does not score."""
+        asked = [i for i, ask in enumerate(plan) if ask]
+        found = dict(zip(asked, self.verdicts([items[i] for i in asked])))
+        return [found[i] if ask else ({"verdict": False, "text": None} if ask is False else None)
+                for i, ask in enumerate(plan)]
 
     def verdicts(self, items: list[tuple[str, str, str]]) -> list[dict]:
         """(question, reference, answer) -> {"verdict": bool | None, "text": the judge's words}."""
@@ -155,8 +176,7 @@ class Judge:
         from ..engine.llm import greedy_texts
         from ..evaluation.scorers.vidoseek import judge_request, read_judge_verdict
 
-        # no thinking: the verdict is the reply's first word, within MAX_TOKENS (templates without the
-        # switch ignore it)
+        # no thinking: the <judge> block within MAX_TOKENS (templates without the switch ignore it)
         prompts = [self.tokenizer.apply_chat_template([{"role": "user", "content": judge_request(q, r, a)}],
                                                       add_generation_prompt=True, tokenize=False,
                                                       enable_thinking=False)
@@ -183,11 +203,6 @@ def run_evaluation(out: Path, *, data: Path, model: str, protocol: Any, index: O
     written = written_for(samples)
     fmt, region = written if written is not None else ("tags", False)
     samples = [in_scope(s, i, protocol.scope, fmt, region) for s, i in zip(samples, infos)]
-    if judge_model is not None:  # the report records the judge and its pinned prompt
-        from ..evaluation.scorers.vidoseek import JUDGE_PROMPT, JUDGE_PROMPT_VERSION
-
-        protocol = replace(protocol, judge={"model": str(judge_model), "prompt_version": JUDGE_PROMPT_VERSION,
-                                            "prompt": JUDGE_PROMPT})
     # what can be wrong is found before any model loads: the retriever, the models, the results file
     check_retriever(RetrieverSource(index=index, url=retriever_url), [s.doc_id for s in samples],
                     page_counts_of(Path(data), len(samples)) if protocol.scope != "corpus" else None, "fail")
@@ -196,11 +211,15 @@ def run_evaluation(out: Path, *, data: Path, model: str, protocol: Any, index: O
     except (FileNotFoundError, ValueError) as error:
         raise JobInputError(str(error)) from error
     judge = Judge(judge_model, judge_llm) if judge_model else None
-    # what a resumed run must share with the first: the protocol, the data (its bytes, not only its
-    # path), the model, the scopes the rows were searched in and whether a grammar shaped the actions
-    header = {"protocol": protocol.to_dict(), "data": str(Path(data).resolve()), "data_sha256": _digest(Path(data)),
-              "model": str(model_dir), "scopes": sorted({"corpus" if s.doc_id is None else "document" for s in samples}),
-              "grammar": bool(grammar)}
+    if judge is not None:  # the report records the judge, its weights and its pinned prompt
+        from ..evaluation.scorers.vidoseek import JUDGE_PROMPT, JUDGE_PROMPT_VERSION
+
+        protocol = replace(protocol, judge={"model": str(judge_model), "fingerprint": _fingerprint(judge_model),
+                                            "prompt_version": JUDGE_PROMPT_VERSION, "prompt": JUDGE_PROMPT})
+    header = results_header(protocol, data=str(Path(data).resolve()), data_sha256=_digest(Path(data)),
+                            model=str(model_dir), model_fingerprint=_fingerprint(model_dir),
+                            scopes=sorted({"corpus" if s.doc_id is None else "document" for s in samples}),
+                            grammar=bool(grammar), index=index_identity(index, retriever_url))
     out = Path(out)
     try:
         results = ResultsFile.open(out / RESULTS, header)
@@ -214,6 +233,58 @@ def run_evaluation(out: Path, *, data: Path, model: str, protocol: Any, index: O
             run.roll_out(todo, results, index=index, retriever_url=retriever_url, batch_size=batch_size,
                          grammar=grammar, llm=llm, progress=progress)
         return run.write_report(results.records, header)
+
+
+def results_header(protocol: Any, *, data: str, data_sha256: str, model: str, model_fingerprint: str,
+                   scopes: list[str], grammar: bool, index: dict) -> dict:
+    """`results.jsonl`'s header: everything a resumed run must share with the first because it can
+    change a score: the protocol, the data (its bytes, not only its path), the model (its weights,
+    not only its path), the scopes the rows were searched in, whether a grammar shaped the
+    actions, and the index searched (`index_identity`)."""
+    return {"protocol": protocol.to_dict(), "data": data, "data_sha256": data_sha256, "model": model,
+            "model_fingerprint": model_fingerprint, "scopes": scopes, "grammar": grammar, "index": index}
+
+
+def index_identity(index: Optional[Path], retriever_url: Optional[str]) -> dict:
+    """The identity of the index the run searches (`evaluation.index_identity`): from the
+    manifest of `--index`, or from what each `--retriever-url` replica reports (replicas that
+    report different indexes are refused)."""
+    from ..evaluation.index_identity import from_manifest
+
+    if index is not None:
+        from ..data.dataset import IndexDirError, index_manifest
+
+        try:
+            manifest = index_manifest(Path(index))
+        except IndexDirError as error:
+            raise JobInputError(f"--index {error}") from error
+        return from_manifest(manifest.to_json(), {doc.doc_id: doc.num_pages for doc in manifest.docs})
+    from ..retrieval.congestion import parse_urls
+
+    found = [_served_identity(url) for url in parse_urls(retriever_url)]
+    if len({json.dumps(one, sort_keys=True) for one in found}) > 1:
+        raise JobInputError(f"--retriever-url {retriever_url}: the replicas serve different indexes ({found}); "
+                            "name replicas of one index")
+    return found[0]
+
+
+def _served_identity(url: str) -> dict:
+    from ..evaluation.index_identity import from_server
+    from ..retrieval.blocking import HttpTransport
+    from ..retrieval.transport import TransportError
+
+    transport = HttpTransport(url, retries=1, binary=False)
+
+    def get(path: str) -> Any:
+        try:
+            return transport.get(path, 5.0)
+        except TransportError:
+            return None  # a route this server does not have, or no answer: it reports less
+
+    try:
+        return from_server(get("/ready"), get("/health"), get("/documents"), url)
+    finally:
+        transport.close()
 
 
 @dataclass
@@ -277,6 +348,7 @@ class _Run:
 
     def records(self, chosen: list[int], output: Any, processor: Any, config: Any) -> list[dict]:
         """A rolled-out batch saved with its view, and its questions' records."""
+        from ..core.reward import last_answer
         from ..training.learn import episode_texts
         from ..verify.saved_batch import save_rollout
         from ..verify.view import write_html
@@ -289,13 +361,18 @@ class _Run:
         save_rollout(output, saved, processor=processor, model_path=self.model_dir, config=config)
         view = write_html(saved, saved.with_suffix(".html"))
         texts = episode_texts(output, processor.tokenizer)
+        columns = output.non_tensor_batch
+        searches = [int(count) for count in columns["num_searches"]]
         verdicts = [None] * len(chosen)
         if self.judge is not None:
-            verdicts = self.judge.batch_verdicts(chosen, self.samples, self.truths, self.infos, texts)
-        columns = output.non_tensor_batch
+            plan = judge_plan([self.infos[k] for k in chosen], texts, searches, self.protocol)
+            items = [(self.samples[k].question, str(self.truths[k]["answer"]), last_answer(texts[i]))
+                     for i, k in enumerate(chosen)]
+            verdicts = self.judge.batch_verdicts(plan, items)
         return [question_record(self.question_ids[k], self.infos[k], self.samples[k], self.truths[k], texts[i],
                                 {"turn_page_ids": columns["turn_page_ids"][i],
                                  "termination_reason": columns["termination_reason"][i],
+                                 "num_searches": searches[i],
                                  "episode": {"batch": str(view.relative_to(self.out)), "row": i}},
                                 self.protocol, verdicts[i])
                 for i, k in enumerate(chosen)]
@@ -311,6 +388,14 @@ class _Run:
                                             encoding="utf-8")
         (self.out / REPORT_MD).write_text(markdown(report, views), encoding="utf-8")
         return report
+
+
+def _fingerprint(model_dir: Any) -> str:
+    """A checkpoint's identity from its files (config.json, each weight file's size and ends), as
+    the retriever identifies its encoder checkpoints."""
+    from retriever_server.encoders.base import checkpoint_fingerprint
+
+    return checkpoint_fingerprint(Path(model_dir))
 
 
 def _digest(path: Path) -> str:

@@ -2,9 +2,10 @@
 
 Published numbers move with the protocol as much as with the model: whether the agent searches
 the whole corpus or the gold document, how many turns it gets, whether an episode that ran out
-of turns without answering scores as wrong or is left out, and whether unanswerable questions
-count. `Protocol` names each switch; the report prints it beside the numbers, `results.jsonl`
-starts with it, and a resumed evaluation refuses to mix two protocols in one file.
+of turns without answering scores as wrong or is left out, whether unanswerable questions
+count, and whether an answer given without a search counts. `Protocol` names each switch; the
+report prints it beside the numbers, `results.jsonl` starts with it, and a resumed evaluation
+refuses to mix two protocols in one file.
 
 - `scope`: "corpus" (each question searches the whole index; VRAG-RL's setting for ViDoSeek and
   SlideVQA) or "document" (the question's own document; the long-document sets' setting), or
@@ -16,6 +17,10 @@ starts with it, and a resumed evaluation refuses to mix two protocols in one fil
   set's "Not answerable") or "exclude" (left out, counted apart).
 - Sampling is greedy (temperature 0, one sample per question), with `seed` recorded.
 - `judge`: the ViDoSeek judge, when one is used: its checkpoint path and prompt version.
+- `search_required`: VRAG-RL's rule that an answer given without any search scores 0
+  (`evaluation.search_rule`): True (every set), False (none), or None: as each set's protocol,
+  on for the sets VRAG-RL scores (`SEARCH_REQUIRED_SETS`: ViDoSeek), off for the others
+  (their papers score the answer alone). `requires_search(set_name)` resolves it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Optional
 SCOPES = ("corpus", "document")
 CAPPED = ("wrong", "exclude")
 UNANSWERABLE = ("score", "exclude")
+SEARCH_REQUIRED_SETS = ("vidoseek",)  # scored under VRAG-RL's protocol
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,7 @@ class Protocol:
     temperature: float = 0.0
     seed: int = 0
     judge: Optional[dict] = None  # {"model": path, "prompt_version": ...}
+    search_required: Optional[bool] = None
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("scope", self.scope, SCOPES + (None,)), ("capped", self.capped, CAPPED),
@@ -48,9 +55,15 @@ class Protocol:
                 raise ValueError(f"{name} must be one of {shown}, got {value!r}")
         if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) or self.max_turns < 1:
             raise ValueError(f"max_turns must be an integer >= 1, got {self.max_turns!r}")
+        if self.search_required is not None and not isinstance(self.search_required, bool):
+            raise ValueError(f"search_required must be true, false or none, got {self.search_required!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def requires_search(self, set_name: str) -> bool:
+        """Whether an answer to a question of `set_name` needs a search to score (VRAG-RL's rule)."""
+        return set_name in SEARCH_REQUIRED_SETS if self.search_required is None else self.search_required
 
     def counts(self, *, answered: bool, answerable: bool) -> bool:
         """Whether a question with this outcome enters the averages."""

@@ -6,8 +6,9 @@ how many entered the averages (`counted`) and why the others did not (`excluded_
 within the turn or token budget, with `capped: exclude`; `excluded_unanswerable`, with
 `unanswerable: exclude`), the set's own headline numbers (its scorer's `aggregate` over the
 counted questions' per-question metrics; ViDoSeek's include the judge's accuracy where a judge
-scored), and the retrieval means over the counted questions that have gold pages (`recall`, `ndcg`, with their
-count). The same table repeats per category value of every category the set's file carries
+scored, and `unsearched`, the answers scored 0 for want of a search, where that rule applied),
+and the retrieval means over the counted questions that have gold pages (`recall`, `ndcg`, with
+their count). The same table repeats per category value of every category the set's file carries
 (e.g. MMLongBench-Doc's evidence sources, ViDoSeek's query types). A question in several values
 of one category (MMLongBench-Doc lists several evidence sources) counts in each.
 """
@@ -17,11 +18,13 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Callable, Iterable, Sequence
 
+from .protocol import SEARCH_REQUIRED_SETS
 from .scorers import scorer_for
 
 
 # an aggregate's counts, beside its scores (not percentages)
-COUNTS = ("count", "unanswered", "judge_count", "judge_unreadable", "answerable", "predicted_answerable")
+COUNTS = ("count", "unanswered", "unsearched", "judge_count", "judge_unreadable", "answerable",
+          "predicted_answerable")
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -90,15 +93,22 @@ def markdown(report: dict, views: Sequence[str] = ()) -> str:
     Scores are percentages; `page recall` and `page ndcg` are the retrieval means (the share of
     gold pages shown, and the reward's NDCG) over the counted questions with gold pages."""
     header = report["header"]
-    lines = ["# Evaluation", "", f"Model: `{header['model']}`  ", f"Data: `{header['data']}`", "",
-             "## Protocol", ""]
+    lines = ["# Evaluation", "", f"Model: `{header['model']}`  ", f"Data: `{header['data']}`"]
+    if header.get("index"):
+        lines[-1] += "  "
+        lines += ["Index: " + ", ".join(f"{key} `{value}`" for key, value in header["index"].items())]
+    lines += ["", "## Protocol", ""]
     protocol = dict(header["protocol"])
     judge = protocol.pop("judge", None)
     if protocol.get("scope") is None:
         protocol["scope"] = "as converted (each row's own: a doc_id searches its document, none the corpus)"
+    if protocol.get("search_required", False) is None:
+        protocol["search_required"] = ("as each set's protocol (VRAG-RL's rule for "
+                                       f"{', '.join(SEARCH_REQUIRED_SETS)}: an answer without a search scores 0)")
     lines += [f"- `{key}`: {value}" for key, value in protocol.items()]
     if judge:
-        lines += [f"- `judge`: `{judge['model']}`, prompt `{judge['prompt_version']}`:", "", "```text",
+        weights = f" (fingerprint `{judge['fingerprint']}`)" if judge.get("fingerprint") else ""
+        lines += [f"- `judge`: `{judge['model']}`{weights}, prompt `{judge['prompt_version']}`:", "", "```text",
                   judge["prompt"], "```"]
     else:
         lines += ["- `judge`: none"]
@@ -109,6 +119,8 @@ def markdown(report: dict, views: Sequence[str] = ()) -> str:
         if excluded:
             lines += ["", f"Left out: {bench['excluded_capped']} without an answer (capped: exclude), "
                           f"{bench['excluded_unanswerable']} unanswerable (unanswerable: exclude)."]
+        if bench["scores"].get("unsearched"):
+            lines += ["", f"Scored 0 without a search: {int(bench['scores']['unsearched'])} answers (search_required)."]
         if "judge_count" in bench["scores"]:
             lines += ["", f"Judged by the model judge: {int(bench['scores']['judge_count'])} answers, "
                           f"{int(bench['scores']['judge_unreadable'])} verdicts unreadable (counted wrong)."]

@@ -8,8 +8,9 @@ in. `ResultsFile.open(path, header)` starts a file or resumes one:
 - the records already there are kept (`done`); a question recorded twice keeps its first record;
 - a last line cut off mid-write is dropped (that question runs again); an unreadable line
   anywhere else is skipped and counted (`skipped`), never taken for the end of the file;
-- a file written under another header (another protocol, data file or model) is refused with
-  `ResultsMismatch`: mixing two protocols in one table is the mistake this exists to prevent;
+- a file written under another header (another protocol, data file, model or index) is refused
+  with `ResultsMismatch`, naming every field that differs ("protocol.max_turns") and the first
+  one's two values: mixing two protocols in one table is the mistake this exists to prevent;
 - one run at a time: the file is locked while open (`close`); a second run on the same file is
   refused with `ResultsBusy` instead of interleaving its lines.
 
@@ -26,7 +27,7 @@ from typing import Iterable
 
 
 class ResultsMismatch(ValueError):
-    """An existing results file was written under another protocol, data file or model."""
+    """An existing results file was written under another header (protocol, data, model, index, ...)."""
 
 
 class ResultsBusy(ValueError):
@@ -41,6 +42,29 @@ def _lock(path: Path):
         handle.close()
         raise ResultsBusy(f"another evaluation is writing {path}; wait for it, or name another --out") from None
     return handle
+
+
+MISSING = "(none)"  # how a field one header lacks is shown
+
+
+def changed_fields(found: dict, wanted: dict, prefix: str = "") -> list[str]:
+    """The dotted names of the fields two headers differ in ("protocol.max_turns", "index.version")."""
+    changed = []
+    for key in sorted(set(found) | set(wanted), key=str):
+        old, new = found.get(key, MISSING), wanted.get(key, MISSING)
+        if isinstance(old, dict) and isinstance(new, dict):
+            changed += changed_fields(old, new, f"{prefix}{key}.")
+        elif old != new:
+            changed.append(f"{prefix}{key}")
+    return changed
+
+
+def field_value(header: dict, name: str):
+    """The value of a dotted field of a header (`MISSING` when it has none)."""
+    value = header
+    for part in name.split("."):
+        value = value.get(part, MISSING) if isinstance(value, dict) else MISSING
+    return value
 
 
 class ResultsFile:
@@ -77,10 +101,10 @@ class ResultsFile:
             raise ResultsMismatch(f"{path} is not an evaluation's results file (no header line); "
                                   "name another --out") from None
         if found != header:
-            changed = sorted(key for key in set(found) | set(header) if found.get(key) != header.get(key))
+            changed = changed_fields(found, header)
             raise ResultsMismatch(f"{path} was written with another {', '.join(changed)} "
-                                  f"({found.get(changed[0])!r}, now {header.get(changed[0])!r}); resume with the "
-                                  "same settings, or name another --out")
+                                  f"({field_value(found, changed[0])!r}, now {field_value(header, changed[0])!r}); "
+                                  "resume with the same settings, or name another --out")
         body = lines[1:]
         cut = not text.endswith("\n") and body and body[-1].strip()  # the write an interruption cut off
         if cut:

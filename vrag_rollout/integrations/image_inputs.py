@@ -131,7 +131,9 @@ class OncePerImage:
         flat = images if isinstance(images, (list, tuple)) else None
         if args or videos is not None or not flat or any(isinstance(image, (list, tuple)) for image in flat):
             self._calls.parts = None
-            return self.inner(images, *args, videos=videos, **kwargs)
+            if videos is not None:  # an image processor without a `videos` argument refuses the name
+                kwargs["videos"] = videos
+            return self.inner(images, *args, **kwargs)
         from transformers.feature_extraction_utils import BatchFeature
 
         settings = repr(sorted((name, value) for name, value in kwargs.items() if name != "return_tensors"))

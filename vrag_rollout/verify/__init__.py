@@ -7,9 +7,14 @@ value: it recomputes from the model's own code what the rollout claims).
 - `saved_batch`: the saved-batch file format (save, load, validate).
 - `check`: the independent checker, a package of one module per check (masks, image tokens,
   positions, logprobs, ...).
+- `image_entries`: any kind of `multi_modal_data` image entry (PIL, bytes, `{"bytes"}`,
+  `{"path"}`, paths, arrays, page entries) as bytes or pixels; the only image reader here.
 - `guard`: the live guard: `check`'s structural facts on a trainer batch in memory (no forward
-  pass, mrope on a sampled share of the samples), and what to do with a bad sample
-  (`fail`, `drop`, `warn`, `off`); the run's first bad samples saved for `view`.
+  pass; mrope by a vectorised rule on every sample, by `get_rope_index` on a drawn share), and
+  what to do with a bad sample (`fail`, `drop`, `warn`, `off`); the run's first bad samples
+  saved for `view`.
+- `emptying`: `drop`'s repair of a sample the trainer's forward pass could not take (response
+  emptied, prompt images kept only where they match, page columns and positions re-derived).
 - `drift`: per-turn gaps between the trainer's log-probs of a batch and the rollout's.
 - `view`: a self-contained HTML view of a batch, opening on its episodes.
 - `episode_facts`: what the view says of an episode besides its tokens (question, ground truth,

@@ -14,9 +14,12 @@ minus the forward pass:
   size after the trainer's pixel rule (`get_number_of_image_patches`: no pixel is processed);
 - observations: the loss mask against token roles, in the batch's action format
   (`check/observations.py`); turn ids against the loss mask (`check/turns.py`);
-- GRPO groups: not identical (`check/groups.py`);
-- mrope positions against the family's `get_rope_index`, on `positions_fraction` of the samples
-  (at least one), drawn per call: the processor's grids and the rope index are most of the cost.
+- the rollout's log-probs: finite and at most 0 on real response tokens;
+- GRPO groups: one prompt per group (by uid or n-chunk), not identical (`check/groups.py`);
+- mrope positions of every sample against the still-image mrope rule (`check/mrope_rule.py`, a
+  few tensor operations on the ids and the grids taken from the images' sizes), and of
+  `positions_fraction` of the samples (at least one), drawn per call, against the family's own
+  `get_rope_index` as well (the independent oracle, a hundred times the rule's cost).
 What it cannot see is what only `check --forward` sees: log-probabilities (image features in the
 wrong order at equal sizes, a wrong image at the right size).
 `apply(batch, report, mode)` acts on the report: `fail`, `drop` (the default of the trainers'
@@ -27,7 +30,6 @@ sample's verdict through a trainer that splits and concatenates batches.
 
 from __future__ import annotations
 
-import io
 import random
 import sys
 from collections import Counter
@@ -37,17 +39,19 @@ from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 import torch
-from PIL import Image
 
-from .check.contract import check_padded_rows, check_row_contract, check_shapes
+from .check.contract import check_log_probs, check_padded_rows, check_row_contract, check_shapes
 from .check.groups import check_groups
 from .check.images import rescaled_size, trainer_rescale, vision_blocks, vision_in_loss
 from .check.oracle import ModelOracle, load_oracle
+from .check.mrope_rule import rule_positions
 from .check.positions import check_positions
 from .check.report import Failure
 from .check.rows import sample_rows
 from .check.runner import observation_layout
 from .check.turns import check_turns
+from .emptying import empty_samples, rollout_positions
+from .image_entries import entry_image
 from .saved_batch import SavedBatch, _config_dict, _pixel_band
 
 # The columns the checks read (the images are read in place, never encoded).
@@ -58,7 +62,8 @@ _COLUMNS = ("uid", "termination_reason", "doc_id")
 class GuardReport:
     samples: int
     failures: dict[int, list[Failure]] = field(default_factory=dict)  # sample -> its failures
-    positions_checked: list[int] = field(default_factory=list)
+    positions_checked: list[int] = field(default_factory=list)  # also compared with get_rope_index
+    pixel_band: dict = field(default_factory=dict)  # the trainer's pixel rule the images were read under
 
     @property
     def bad_samples(self) -> list[int]:
@@ -96,7 +101,7 @@ class Guard:
     def inspect(self, batch: Any, config: Any = None) -> GuardReport:
         images = _images(batch)
         view = _in_memory_view(batch, images, self.oracle.processor, config)
-        report = GuardReport(samples=len(view))
+        report = GuardReport(samples=len(view), pixel_band=dict(view.pixel_band))
         fails, _ = check_shapes(view)
         if fails:  # nothing per sample can be read
             report.failures = {s: list(fails) for s in range(len(view))}
@@ -108,17 +113,19 @@ class Guard:
         count = min(len(rows), max(1, round(self.positions_fraction * len(rows)))) if self.positions_fraction else 0
         report.positions_checked = sorted(self._draw.sample(range(len(rows)), count))
         compare_positions = set(report.positions_checked)
+        log_probs = t.get("rollout_log_probs")
         found: dict[int, list[Failure]] = {}
         for row in rows:
             s = row.index
             fails = check_row_contract(row, t["prompts"][s].long(), oracle.eos_ids, native)
             fails += check_padded_rows(row, len(oracle.tokenizer))
+            fails += check_log_probs(row, log_probs[s] if log_probs is not None else None)
             blocks, vision_fails = vision_blocks(row, oracle)
             fails += vision_fails + self._image_runs(row, blocks, images[s], view.pixel_band)
             fails += observations(row, oracle)
             fails += check_turns(row, turn_ids[s] if turn_ids is not None else None)
-            if s in compare_positions and not fails:
-                fails += check_positions(row, self._grids(images[s], view.pixel_band), oracle)
+            if not fails:
+                fails += self._positions(row, images[s], view.pixel_band, s in compare_positions)
             if fails:
                 found[s] = fails
         group_fails, _ = check_groups(view)
@@ -126,6 +133,33 @@ class Guard:
             found.setdefault(failure.sample, []).append(failure)
         report.failures = dict(sorted(found.items()))
         return report
+
+    def forward_failures(self, batch: Any, rows: list[int], config: Any = None) -> list[Failure]:
+        """What would break the trainer's forward pass in `rows` of `batch`: vision blocks, pad runs
+        against the images, and positions against the family's own `get_rope_index`, whatever
+        else those samples fail (a repaired sample fails the row contract by design)."""
+        images = _images(batch)
+        view = _in_memory_view(batch, images, self.oracle.processor, config)
+        fails, _ = check_shapes(view)
+        if fails:
+            return fails
+        by_index = {row.index: row for row in sample_rows(view)}
+        for s in rows:
+            row = by_index[s]
+            blocks, vision_fails = vision_blocks(row, self.oracle)
+            found = vision_fails + self._image_runs(row, blocks, images[s], view.pixel_band)
+            fails += found or check_positions(row, self._grids(images[s], view.pixel_band), self.oracle)
+        return fails
+
+    def _positions(self, row: Any, images: list, band: Mapping, with_rope_index: bool) -> list[Failure]:
+        """Every sample against the mrope rule (`check/mrope_rule.py`, vectorised); the drawn ones,
+        and any the rule does not cover, against the family's own `get_rope_index` as well."""
+        grids = self._grids(images, band)
+        expected = rule_positions(row.ids, row.attention, grids, self.oracle.image_pad, self._merge)
+        fails = [] if expected is None else check_positions(row, grids, self.oracle, expected, "the mrope rule")
+        if with_rope_index or expected is None:
+            fails = fails or check_positions(row, grids, self.oracle)
+        return fails
 
     def _grids(self, images: list, band: Mapping) -> Optional[torch.Tensor]:
         """`image_grid_thw` of the sample's images as the trainer processes them, from their sizes
@@ -159,6 +193,13 @@ class Guard:
                  for image in images]
         return self.oracle.expand_images(views)[1]
 
+    def image_run_length(self, image: Any, band: Mapping) -> int:
+        """The pad run the image processor makes of `image` (PIL) under the trainer's pixel rule."""
+        width, height = rescaled_size(image.width, image.height, band.get("trainer_min_pixels"),
+                                      band.get("trainer_max_pixels"))
+        count = self.oracle.processor.image_processor.get_number_of_image_patches(height, width)
+        return count // (self._merge * self._merge)
+
     def _image_runs(self, row: Any, blocks: list[tuple[int, int]], images: list, band: Mapping) -> list[Failure]:
         """One pad run per image, each as long as the image processor's count for its size; no
         vision token in the loss."""
@@ -166,11 +207,8 @@ class Guard:
         if len(blocks) != len(images):
             return fails + [Failure("image_tokens", s, blocks[0][0] if blocks else None,
                                     f"{len(blocks)} image pad runs but {len(images)} images")]
-        count = self.oracle.processor.image_processor.get_number_of_image_patches
         for k, ((start, end), image) in enumerate(zip(blocks, images)):
-            width, height = rescaled_size(image.width, image.height, band.get("trainer_min_pixels"),
-                                          band.get("trainer_max_pixels"))
-            want = count(height, width) // (self._merge * self._merge)
+            want = self.image_run_length(image, band)
             if end - start != want:
                 fails.append(Failure("image_tokens", s, start, f"image {k}: pad run of {end - start} tokens at "
                                      f"[{start}, {end}), the processor expands this image to {want} "
@@ -199,8 +237,8 @@ def _in_memory_view(batch: Any, images: list[list], processor: Any, config: Any)
 
 
 def _images(batch: Any) -> list[list]:
-    """Per sample, its images as the trainer holds them (PIL; encoded entries are decoded), in
-    sequence order."""
+    """Per sample, its images as the trainer holds them (any entry kind, `image_entries`), as PIL,
+    in sequence order."""
     column = (batch.non_tensor_batch or {}).get("multi_modal_data")
     if column is None:
         return [[] for _ in range(int(batch.batch["responses"].shape[0]))]
@@ -209,21 +247,8 @@ def _images(batch: Any) -> list[list]:
     for row in rows:
         for entry in row:
             if id(entry) not in decoded:
-                decoded[id(entry)] = (entry, _decoded(entry))
+                decoded[id(entry)] = (entry, entry_image(entry))
     return [[decoded[id(entry)][1] for entry in row] for row in rows]
-
-
-def _decoded(entry: Any) -> Image.Image:
-    """PIL as it is; an entry that carries its decoded page (the rollout's page entries) as that;
-    else the encoded bytes decoded."""
-    if isinstance(entry, Image.Image):
-        return entry
-    if isinstance(getattr(entry, "image", None), Image.Image):
-        return entry.image
-    data = entry.get("bytes") if isinstance(entry, Mapping) else entry
-    with Image.open(io.BytesIO(data)) as image:
-        image.load()
-        return image.copy()
 
 
 # ---- what to do with bad samples ----
@@ -250,8 +275,8 @@ def apply(batch: Any, report: GuardReport, mode: str) -> dict[str, float]:
       loss. It stays in its GRPO group's reward mean and standard deviation: its reward is still
       an outcome the policy produced, and leaving it keeps the other samples' advantages exactly
       what they would be; only its own gradient (one sample's share of the group) is lost.
-      `LiveGuard` also empties the response of a sample whose image tokens are broken
-      (`empty_responses`): the trainer's forward pass would raise for the whole batch on it;
+      `LiveGuard` also empties a sample whose image tokens are broken (`emptying.py`): the
+      trainer's forward pass would raise for the whole batch on it;
     - `warn`: change nothing; the metrics and the caller's log say what was found;
     - `off`: the caller does not inspect at all (nothing to do here).
     """
@@ -360,31 +385,6 @@ def _rows_of(batch: Any, rows: list[int]) -> Any:
 FORWARD_BREAKING = ("image_tokens",)
 
 
-def empty_responses(batch: Any, rows: list[int], oracle: ModelOracle) -> None:
-    """Make dropped samples safe for the trainer's forward pass: each row's response becomes
-    padding (pad tokens, attention 0, masks, turn ids and log-probs 0) and its images only those
-    its prompt shows (its prompt's pad runs), so tokens and images agree again. The sample's
-    reward is then that of an empty response."""
-    if not rows:
-        return
-    t = batch.batch
-    width = int(t["prompts"].shape[1])
-    pad = oracle.tokenizer.pad_token_id if oracle.tokenizer.pad_token_id is not None else 0
-    column = (batch.non_tensor_batch or {}).get("multi_modal_data")
-    for s in rows:
-        t["responses"][s] = pad
-        t["input_ids"][s, width:] = pad
-        t["attention_mask"][s, width:] = 0
-        for name in ("response_mask", "loss_mask", "turn_ids", "rollout_log_probs"):
-            if name in t.keys():
-                t[name][s] = 0
-        if column is not None and column[s]:
-            shown = t["input_ids"][s, :width][t["attention_mask"][s, :width].bool()]
-            prompt_images = int(((shown[1:] == oracle.image_pad) & (shown[:-1] == oracle.vision_start)).sum())
-            key = "images" if "images" in column[s] else "image"
-            column[s] = {**column[s], key: list(column[s].get(key) or [])[:prompt_images]}
-
-
 class LiveGuard:
     """What a trainer holds: a `Guard`, its mode and, optionally, its `BadSampleLog`.
 
@@ -393,10 +393,11 @@ class LiveGuard:
     """
 
     def __init__(self, guard: Guard, mode: str = "drop", samples: Optional[BadSampleLog] = None,
-                 config: Any = None):
+                 config: Any = None, rederive: Optional[Callable[[Any, list[int]], None]] = None):
         if check_mode(mode) == "off":
             raise ValueError("a LiveGuard in mode 'off' would inspect nothing: build none instead")
         self.guard, self.mode, self.samples, self.config = guard, mode, samples, config
+        self.rederive = rederive  # the trainer's own re-derivation of an emptied row's columns
         self.last: Optional[GuardReport] = None
 
     @classmethod
@@ -421,10 +422,24 @@ class LiveGuard:
         if self.mode == "drop":
             breaking = [s for s, fails in report.failures.items() if any(f.check in FORWARD_BREAKING for f in fails)]
             metrics["guard/emptied"] = float(len(breaking))
-            empty_responses(batch, breaking, self.guard.oracle)
+            if breaking:
+                self._empty(batch, breaking, report)
             for s in breaking:
                 batch.non_tensor_batch[GUARD_COLUMN][s]["emptied"] = 1.0
         return metrics
+
+    def _empty(self, batch: Any, rows: list[int], report: GuardReport) -> None:
+        """Empty `rows` (`emptying.empty_samples`), re-derive their columns, and prove the batch
+        safe for the forward pass again: a repair that leaves a broken sample raises."""
+        empty_samples(batch, rows, self.guard, report.pixel_band)
+        if self.rederive is not None:
+            self.rederive(batch, rows)
+        else:
+            rollout_positions(batch, rows, self.guard, report.pixel_band)
+        left = self.guard.forward_failures(batch, rows, self.config)
+        if left:
+            raise GuardFailure(f"guard: emptying samples {rows} left them unsafe for the trainer's forward pass: "
+                               + "; ".join(str(f) for f in left[:3]))
 
 
 def guarded(rollout: Callable[[Any], Any], live: LiveGuard) -> Callable[[Any], Any]:

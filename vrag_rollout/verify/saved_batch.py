@@ -57,6 +57,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .image_entries import entry_bytes
+
 FORMAT = "vrag-rollout/saved-batch"
 FORMAT_VERSION = 2
 
@@ -275,23 +277,7 @@ def _uniform(column: Any) -> Any:
 
 def encode_image(entry: Any) -> bytes:
     """One multi_modal_data entry as encoded image bytes (original bytes kept, PIL -> PNG)."""
-    if isinstance(entry, (bytes, bytearray, memoryview)):
-        return bytes(entry)
-    if isinstance(entry, Mapping):
-        if entry.get("bytes") is not None:
-            return bytes(entry["bytes"])
-        if entry.get("path"):
-            return Path(entry["path"]).read_bytes()
-        raise TypeError(f"image entry dict has neither 'bytes' nor 'path' (keys {sorted(entry)})")
-    if isinstance(entry, (str, os.PathLike)):
-        return Path(entry).read_bytes()
-    if isinstance(entry, np.ndarray):
-        entry = Image.fromarray(entry)
-    if isinstance(entry, Image.Image):
-        buf = io.BytesIO()
-        entry.save(buf, format="PNG")
-        return buf.getvalue()
-    raise TypeError(f"cannot encode an image entry of type {type(entry).__name__}")
+    return entry_bytes(entry)
 
 
 def _distinct_pages(images: list[list[bytes]]) -> tuple[list[bytes], list[list[int]]]:

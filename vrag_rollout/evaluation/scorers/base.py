@@ -15,7 +15,7 @@ A `Scorer` is two functions:
   (1.0, or 0.0 for a None prediction); each set adds its own keys.
 * `aggregate(per_question)` -> `dict[str, float]`, the set's headline numbers over the dicts
   `score` returned. Every aggregate holds `accuracy`, `count` (questions) and `unanswered`
-  (None predictions among them); an empty list gives zeros.
+  (None predictions among them), and `unsearched` where rows carry it; an empty list gives zeros.
 
 The generic scorer (`GENERIC`, used for MMDocIR, a page/layout RETRIEVAL benchmark that
 publishes no answer scoring) gives `accuracy` = normalized exact match and `f1` = token F1,
@@ -44,9 +44,14 @@ class Scorer:
 
 
 def counts(per_question: list[Row]) -> Row:
-    """`count` and `unanswered` (rows whose prediction was None), every aggregate's counts."""
-    return {"count": float(len(per_question)),
-            "unanswered": float(sum(1 for row in per_question if not row.get("answered", 1.0)))}
+    """`count` and `unanswered` (rows whose prediction was None), every aggregate's counts, and
+    `unsearched` (answers scored 0 for want of a search, `evaluation.search_rule`) where rows
+    carry that flag."""
+    out = {"count": float(len(per_question)),
+           "unanswered": float(sum(1 for row in per_question if not row.get("answered", 1.0)))}
+    if any("unsearched" in row for row in per_question):
+        out["unsearched"] = float(sum(row.get("unsearched", 0.0) for row in per_question))
+    return out
 
 
 def mean(per_question: list[Row], key: str) -> float:

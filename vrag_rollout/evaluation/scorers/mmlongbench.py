@@ -22,11 +22,15 @@ Per question (`score`, by the question's `answer_format`; the score is `accuracy
   "(...)" groups, one surrounding quote, a leading "$" and a trailing "%" dropped); exact
   equality when the reference looks like a URL, file name, "page ...", phone number, a.m./p.m.
   time, date or e-mail (`needs_exact_match`); otherwise ANLS: 1 - Levenshtein / longer length,
-  set to 0 at or below 0.5 (so "Not answerable." still scores 14/15).
-* `List`: a text starting with "[" is read as a Python list (unreadable: 0, the run scripts'
-  failure score); another value is a one-item list. Lengths differ: 0. Otherwise both lists are
-  cleaned and SORTED (order does not matter); if the first reference item is a number or needs
-  exact match, 1 only if all items are equal, else the lowest item-wise ANLS.
+  the lengths of the UPPER-CASED strings (so "ßab" is 4 long), set to 0 at or below 0.5 (so
+  "Not answerable." still scores 14/15).
+* `List`: a text starting with "[" is read as the script's `eval` reads it, here for constant
+  expressions only (`evaluation.constant_eval`: "[2019-2020, 1/2]" is [-1, 0.5]; unreadable: 0,
+  the run scripts' failure score); any value but a list is ONE item (a tuple too, so
+  "['a'], ['b']" is one item). Lengths differ: 0. Otherwise both lists are cleaned and SORTED
+  (order does not matter); if the first reference item is a number or needs exact match, 1 only
+  if all items are equal, else the lowest item-wise ANLS. Only list answers are read this way:
+  "1/2" as a `Float` answer does not read as a number, as published.
 
 Any other `answer_format` raises ValueError (the published code silently scores it as a list).
 
@@ -46,11 +50,11 @@ script tests the reference). A None prediction scores 0 and counts as a predicti
 
 from __future__ import annotations
 
-import ast
 import math
 import re
 from typing import Any, Optional
 
+from ..constant_eval import NotEvaluated, evaluate
 from .base import Reference, Row, Scorer, counts, mean
 
 NOT_ANSWERABLE = "Not answerable"
@@ -70,8 +74,9 @@ def levenshtein(a: str, b: str) -> int:
 
 
 def anls(reference: str, prediction: str, threshold: float = 0.5) -> float:
-    """1 - normalized edit distance, 0 at or below `threshold`; two empty strings score 1."""
-    length = max(len(reference), len(prediction))
+    """1 - edit distance / the longer length, 0 at or below `threshold`; two empty strings score 1.
+    The lengths are the upper-cased strings' ("ß" counts 2, as "SS"), as published."""
+    length = max(len(reference.upper()), len(prediction.upper()))
     value = 1.0 - (levenshtein(reference, prediction) / length if length else 0.0)
     return 0.0 if value <= threshold else value
 
@@ -125,14 +130,15 @@ def clean(value: Any) -> str:
 
 
 def as_list(value: Any) -> list:
-    """A list as the scripts read one: a text starting with "[" as a Python literal (ValueError
-    when unreadable), any other value as a one-item list."""
+    """A list as the scripts read one: a text starting with "[" read as `eval` reads it (constant
+    expressions only, `constant_eval`; ValueError when unreadable), then any value but a list as
+    a one-item list (a tuple too: "['a'], ['b']" is one item)."""
     if isinstance(value, str) and value.startswith("["):
         try:
-            value = ast.literal_eval(value)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            value = evaluate(value)
+        except NotEvaluated:
             raise ValueError(f"not a readable list: {value[:80]!r}") from None
-    return list(value) if isinstance(value, (list, tuple)) else [value]
+    return value if isinstance(value, list) else [value]
 
 
 # ---- one question
@@ -146,7 +152,7 @@ def format_score(prediction: str, reference: Reference, answer_format: str) -> f
         try:
             return float(int(reference) == int(float(prediction)))
         except (TypeError, ValueError, OverflowError):
-            return 0.0
+            return float(reference == "")  # published: the prediction becomes "", the reference stays
     if answer_format == "Float":
         try:
             return float(float_equal(float(clean(reference)), float(clean(prediction))))

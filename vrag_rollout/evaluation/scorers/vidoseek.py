@@ -1,18 +1,27 @@
-"""ViDoSeek answer scoring: rule-based scores beside a model judge's pinned prompt and parser. Pure.
+"""ViDoSeek answer scoring: rule-based scores beside a model judge's prompt and verdict parser. Pure.
 
 How the papers score it: VRAG-RL (github.com/Alibaba-NLP/VRAG, `VRAG-RL/verl/workers/
-reward_manager/rm.py`, `DEFAULT_SYSTEM_TEMPLATE` and `parse_judge_response`) asks a model
-(qwen-max) whether the generated answer is correct given the query and the reference answer,
-noting that the answer may carry more than the reference; ViDoSeek publishes no rule-based
-metric. The judge itself runs elsewhere (the caller, through vLLM); this module gives its pure
-parts, with a prompt written here (`JUDGE_PROMPT`, versioned by `JUDGE_PROMPT_VERSION`: change
-the version whenever the text changes, so numbers from two prompts are never mixed):
+reward_manager/rm.py`: `DEFAULT_SYSTEM_TEMPLATE`, `parse_judge_response`, `RMManager`) asks a
+model (qwen-max) whether the generated answer is correct given the query and the reference
+answer, and only for an episode that searched (`evaluation.search_rule`); ViDoSeek publishes no
+rule-based metric. The judge itself runs elsewhere (the caller, through vLLM); this module gives
+its pure parts:
 
-* `judge_request(question, reference, answer)`: the prompt filled in;
-* `read_judge_verdict(text)`: True / False from the judge's reply, None when unreadable;
+* `JUDGE_PROMPT`: VRAG-RL's template's criteria, inputs and reply format, in this project's own
+  words (the project copies no other project's text; what the judge is asked and how it must
+  reply are the same), versioned by `JUDGE_PROMPT_VERSION` (change the version whenever the text
+  changes, so numbers from two prompts are never mixed);
+* `judge_request(question, reference, answer)`: the template filled as VRAG-RL fills it
+  (`str.replace` of `{query}`, then `{reference_answer}`, then `{generated_answer}`);
+* `read_judge_verdict(text)`: `parse_judge_response`: the first `<judge>...</judge>` block,
+  True when it holds "true" or "True", else False when it holds "false" or "False", None
+  otherwise (no block, "TRUE", "maybe"). One addition: reasoning in `<think>` blocks is dropped
+  first, so a thinking judge's quoted instruction is not read as its verdict. VRAG-RL asks its
+  API judge again after an unreadable reply; a greedy local judge would answer the same, so
+  here it counts as wrong and is counted (`judge_unreadable`);
 * `with_verdict(row, verdict)`: a `score` row with the verdict added (`judge`: 1.0 only for
-  True; `judge_unreadable`: 1.0 for None, which therefore counts as wrong). Ask the judge only
-  for a real answer: give a None prediction's row `with_verdict(row, False)`.
+  True; `judge_unreadable`: 1.0 for None). Ask the judge only for a real answer that searched:
+  give the others' rows `with_verdict(row, False)`, as VRAG-RL scores them 0 unasked.
 
 Rule-based scores (`score`), after one normalization (`normalize`): Unicode NFKC, case folded,
 Unicode punctuation removed (not only ASCII: ViDoSeek's documents and answers carry curly
@@ -40,25 +49,36 @@ from typing import Optional
 
 from .base import Reference, Row, Scorer, counts, mean, reference_text
 
-JUDGE_PROMPT_VERSION = "vidoseek-judge-1"
-JUDGE_PROMPT = """You are grading an answer to a question about a collection of documents.
+JUDGE_PROMPT_VERSION = "vrag-rl-criteria-1"
+# VRAG-RL's judge criteria and reply format (`DEFAULT_SYSTEM_TEMPLATE` of VRAG-RL/verl/workers/
+# reward_manager/rm.py) in this project's own words: the same inputs in the same order, the same
+# question (is the generated answer correct, given the query and the reference?), the same
+# allowance (it may say more than the reference) and the same reply (`<judge>True or False</judge>`).
+JUDGE_PROMPT = """You are an expert grader of a question answering system.
 
-Question: {question}
-Reference answer: {reference}
-Answer to grade: {answer}
+You receive three things: the query, the generated answer and the reference answer. Decide
+whether the generated answer is correct.
 
-The answer is correct if it gives the same fact as the reference answer: the same entity, value \
-or yes/no, however it is worded, and it may add details that do not contradict the reference. \
-Numbers must agree in value; their formatting and units may differ. The answer is incorrect if \
-it contradicts or misses the reference, gives a different value, hedges between several \
-answers, or says the question cannot be answered.
+## Query
+{query}
 
-Reply with one word: true if the answer is correct, false if it is not."""
+## Reference Answer
+{reference_answer}
+
+## Generated Answer
+{generated_answer}
+
+Reply in this format:
+<judge>True or False</judge>
+
+Write True inside the judge tags if the generated answer is correct, and False otherwise.
+
+The generated answer may hold more information than the reference answer; that alone does not make it wrong.
+"""
 
 ARTICLES = re.compile(r"\b(a|an|the)\b")
 THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
-WORD = re.compile(r"[^\W\d_]+")  # a run of letters
-VERDICTS = {"true": True, "false": False}
+JUDGE_BLOCK = re.compile(r"<judge>(.*?)</judge>", re.DOTALL)
 
 
 def _unpunctuated(ch: str) -> str:
@@ -88,22 +108,25 @@ def score(prediction: Optional[str], reference: Reference, answer_format: Option
 
 
 def judge_request(question: str, reference: str, answer: str) -> str:
-    """The judge's prompt for one question (`str.format` leaves braces inside the values as they are)."""
-    return JUDGE_PROMPT.format(question=question.strip(), reference=reference.strip(), answer=answer.strip())
+    """The judge's prompt for one question, filled in VRAG-RL's order (braces in the values stay)."""
+    return (JUDGE_PROMPT.replace("{query}", question).replace("{reference_answer}", reference)
+            .replace("{generated_answer}", answer))
 
 
 def read_judge_verdict(text: Optional[str]) -> Optional[bool]:
-    """The verdict: the first word of the reply (after any `<think>` reasoning), true or false in
-    any case and markup ("**True.**"); None for anything else ("Not true", an empty reply) and
-    for a reply that names both ("true or false?")."""
+    """VRAG-RL's `parse_judge_response` (module docstring), after dropping `<think>` reasoning."""
     if not text:
         return None
-    text = THINK_BLOCK.sub(" ", text)
-    text = text.rsplit("</think>", 1)[-1]  # a template that opened <think> itself leaves only the close
-    words = WORD.findall(text.casefold())
-    if not words or words[0] not in VERDICTS or {"true", "false"} <= set(words):
-        return None  # no verdict first, or both verdicts named: a hedge
-    return VERDICTS[words[0]]
+    text = THINK_BLOCK.sub(" ", text).rsplit("</think>", 1)[-1]  # a template may open <think> itself
+    match = JUDGE_BLOCK.search(text)
+    if match is None:
+        return None
+    block = match.group(0)  # the tags included, as published
+    if "true" in block or "True" in block:
+        return True
+    if "false" in block or "False" in block:
+        return False
+    return None
 
 
 def with_verdict(row: Row, verdict: Optional[bool]) -> Row:

@@ -13,6 +13,7 @@ compare them bit for bit).
 from __future__ import annotations
 
 import hashlib
+import os
 import uuid
 from typing import Any, Callable, Optional, Sequence
 
@@ -37,8 +38,8 @@ def image_fingerprint(image: Any) -> str:
     """
     if isinstance(image, dict) and isinstance(getattr(image, "key", None), str):  # core.pages.PageEntry
         return "page:" + image.key
-    if isinstance(image, str):
-        return "path:" + image
+    if isinstance(image, (str, os.PathLike)):
+        return "path:" + os.fspath(image)
     if isinstance(image, (bytes, bytearray, memoryview)):
         return "bytes:" + _digest(bytes(image))
     if isinstance(image, dict):

@@ -58,6 +58,7 @@ import torch
 from verl.experimental.agent_loop.agent_loop import AgentLoopManager, _agent_loop_registry
 
 from ...config import AgentRolloutConfig
+from ...core.pages import pixels
 from ...verify.drift import old_log_prob_drift
 from ...verify.guard import LiveGuard, batch_counts
 from .agent_loop import AGENT_NAME, agent_config
@@ -116,7 +117,34 @@ class GuardedAgentLoopWorker(PagedAgentLoopWorker):
         if self._live is _UNBUILT:  # built on first use: the registry is filled in __init__
             model_path, config = guard_config(self.config)
             self._live = LiveGuard.from_config(model_path, config, rank=self.guard_rank, processor=self.processor)
+            if self._live is not None:
+                self._live.rederive = self.rederive_rows
         return self._live
+
+    def rederive_rows(self, batch: Any, rows: list[int]) -> None:
+        """What verl derived from an emptied row's tokens and images, derived again with verl's own
+        code: `multi_modal_inputs` (pixels, grids, `images_seqlens`; `_compute_multi_modal_inputs`),
+        `position_ids` (`_compute_position_ids`), and its `rm_scores` row (0 for the empty response,
+        the project's reward of one, where verl's reward loop filled the column)."""
+        from types import SimpleNamespace
+
+        columns, t = batch.non_tensor_batch, batch.batch
+        for row in rows:
+            media = columns.get("multi_modal_data")
+            images = [pixels(entry) for entry in ((media[row] if media is not None else None) or {}).get("images") or []]
+            # as the loop hands verl a trajectory (`agent_loop._output`): no image, no data
+            output = SimpleNamespace(multi_modal_data={"images": images} if images else None, mm_processor_kwargs=None)
+            input_ids, attention = t["input_ids"][row:row + 1], t["attention_mask"][row:row + 1]
+            try:
+                inputs = self._compute_multi_modal_inputs(output, input_ids)
+            finally:
+                self._shared_by_output().pop(id(output), None)
+            t["position_ids"][row] = self._compute_position_ids(input_ids, attention, inputs,
+                                                                self._get_mm_processor_kwargs(None))[0]
+            if "multi_modal_inputs" in columns:
+                columns["multi_modal_inputs"][row] = inputs
+            if "rm_scores" in t.keys():
+                t["rm_scores"][row] = 0.0
 
     def _postprocess(self, inputs: list, input_non_tensor_batch: Optional[dict] = None, validate: bool = False) -> Any:
         batch = super()._postprocess(inputs, input_non_tensor_batch=input_non_tensor_batch, validate=validate)

@@ -32,8 +32,10 @@ def prompt_image(part: dict) -> Any:
         return prompt_image(source)
     if isinstance(source, Image.Image):
         return source.convert("RGB")
-    if isinstance(source, (bytes, bytearray)):
-        return Image.open(io.BytesIO(source)).convert("RGB")
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return Image.open(io.BytesIO(bytes(source))).convert("RGB")
+    if hasattr(source, "__array_interface__"):  # a numpy array of pixels
+        return Image.fromarray(source).convert("RGB")
     if isinstance(source, (str, os.PathLike)):
         return Image.open(io.BytesIO(_image_bytes(os.fspath(source)))).convert("RGB")
     raise TypeError(f"vrag_agent: a prompt image part holds {type(source).__name__}, not an image, bytes, a path "

@@ -14,11 +14,13 @@ Modules:
 - `report`: `Failure`, `Report` (human lines and the JSON line), `CheckInputError`.
 - `oracle`: `ModelOracle`, the model's own config, processor, `get_rope_index` and weights.
 - `rows`: `Row`, one sample's views of the batch tensors, for the per-sample checks.
-- `contract`: tensor shapes, 0/1 masks, padding, mask nesting, EOS ("contract").
+- `contract`: tensor shapes, 0/1 masks, padding, mask nesting, EOS, finite rollout log-probs ("contract").
 - `images`: vision blocks against the processor's expansion of the saved images ("image_tokens").
 - `positions`: text and mrope positions against `get_rope_index` ("positions").
+- `mrope_rule`: the still-image mrope rule, vectorised (the live guard's check of every sample;
+  tested against `get_rope_index`).
 - `observations`: masked blocks decode to tool results / tool turns ("observations").
-- `groups`: the samples of one prompt are not all identical ("grpo").
+- `groups`: each group is one prompt's samples, not all identical ("grpo").
 - `turns`: each token's turn id against the loss mask's turn starts ("turns", when the batch has them).
 - `forward`: rollout logprobs against a transformers forward pass ("forward", optional).
 - `runner`: `check_batch`, `run_check` and the CLI body `main`.

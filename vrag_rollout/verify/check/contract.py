@@ -53,8 +53,8 @@ def check_shapes(saved: SavedBatch) -> tuple[list[Failure], list[str]]:
                              f"({size}, [4 or 3,] {prompt_len + resp_len})"))
     configured = saved.config.get("response_length")
     if isinstance(configured, int) and configured > 0 and configured != resp_len:
-        fails.append(Failure("contract", None, None,
-                             f"responses are {resp_len} wide, the config's response_length is {configured}"))
+        fails.append(Failure("contract", None, None, f"responses are {resp_len} wide, the config's response_length "
+                             f"is {configured}{over_budget(t, prompt_len, configured)}"))
     if len(saved.images) != size:
         fails.append(Failure("contract", None, None, f"{len(saved.images)} image lists for {size} samples"))
     for name, values in saved.columns.items():
@@ -63,6 +63,35 @@ def check_shapes(saved: SavedBatch) -> tuple[list[Failure], list[str]]:
     if "loss_mask" not in t:
         notes.append("no loss_mask: response_mask is taken as the loss mask")
     return fails, notes
+
+
+def over_budget(tensors: dict, prompt_len: int, budget: int) -> str:
+    """The samples whose real response is longer than `budget` tokens, as a message tail ("" when
+    none is, or the mask cannot be read)."""
+    mask = tensors.get("attention_mask")
+    if mask is None or mask.dim() != 2:
+        return ""
+    used = mask[:, prompt_len:].long().sum(dim=1)
+    over = (used > budget).nonzero().flatten().tolist()
+    if not over:
+        return ""
+    shown = ", ".join(f"sample {s} ({int(used[s])} tokens)" for s in over[:8])
+    return f"; over the budget: {shown}" + (f" and {len(over) - 8} more" if len(over) > 8 else "")
+
+
+def check_log_probs(row: Row, log_probs: Optional[torch.Tensor]) -> list[Failure]:
+    """The rollout's log-probs of the real response tokens are finite and at most 0: a NaN or an
+    infinity there poisons every importance ratio and drift metric the trainer computes from it."""
+    if log_probs is None:
+        return []
+    used = int(row.real.long().sum())
+    values = log_probs[:used].double()
+    bad = first_bad(~torch.isfinite(values) | (values > 1e-6))
+    if bad is None:
+        return []
+    return [Failure("contract", row.index, row.prompt_len + bad,
+                    f"rollout_log_probs holds {float(values[bad])} at a real response token (a log-probability "
+                    "is finite and at most 0)")]
 
 
 def check_row_contract(row: Row, prompts: torch.Tensor, eos_ids: set[int], native: bool = False) -> list[Failure]:

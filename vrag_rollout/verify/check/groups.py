@@ -1,14 +1,19 @@
 """The GRPO check ("grpo"): the samples of one prompt are not all identical.
 
 Contract: `check_groups(saved)` groups the samples of one prompt (by the `uid` column, else by
-the config's `n`, else by equal adjacent prompts and `doc_id`) and fails each group of two or
-more whose real response tokens are identical (zero advantage for the whole group). At
-temperature 0 it is skipped with a note (greedy samples are identical by design). It returns
-(failures, notes).
+the config's `n`, else by equal adjacent prompts and `doc_id`) and fails
+- each sample of a group whose prompt tokens differ from the group's prompt (the one most of its
+  samples share; the first sample's on a tie): a sample given another prompt's uid, or an
+  n-chunk that is not one prompt's samples, would be scored against the wrong group's mean;
+- each group of two or more whose real response tokens are identical (zero advantage for the
+  whole group). At temperature 0 this part is skipped with a note (greedy samples are identical
+  by design).
+It returns (failures, notes).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import torch
@@ -38,15 +43,28 @@ def _groups(saved: SavedBatch) -> list[list[int]]:
     return out
 
 
+def _strangers(saved: SavedBatch, group: list[int]) -> list[Failure]:
+    """The samples of `group` whose attended prompt tokens are not the group's prompt."""
+    t = saved.tensors
+    prompts = [tuple(torch.masked_select(t["prompts"][row], t["attention_mask"][row, : t["prompts"].shape[1]].bool())
+                     .tolist()) for row in group]
+    counts = Counter(prompts)
+    common = max(counts.values())
+    shared = next(prompt for prompt in prompts if counts[prompt] == common)  # first of the most shared
+    return [Failure("grpo", row, None, f"its prompt differs from the prompt of its group {group} (by "
+                    f"{'uid' if 'uid' in saved.columns else 'position'}): it would be scored against another "
+                    "prompt's samples")
+            for row, prompt in zip(group, prompts) if prompt != shared]
+
+
 def check_groups(saved: SavedBatch) -> tuple[list[Failure], list[str]]:
+    groups = [group for group in _groups(saved) if len(group) > 1]
+    fails = [failure for group in groups for failure in _strangers(saved, group)]
     temperature = saved.config.get("temperature")
     if temperature == 0:
-        return [], ["GRPO check skipped: temperature 0 (greedy samples are identical by design)"]
+        return fails, ["GRPO check skipped: temperature 0 (greedy samples are identical by design)"]
     t = saved.tensors
-    fails = []
-    for group in _groups(saved):
-        if len(group) < 2:
-            continue
+    for group in groups:
         # masked_select, not boolean indexing: the same values, and ~40x faster on CPU at 8k tokens.
         responses = [torch.masked_select(t["responses"][row], t["attention_mask"][row, t["prompts"].shape[1]:].bool())
                      for row in group]

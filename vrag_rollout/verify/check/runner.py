@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..saved_batch import NotABatchError, SavedBatch, load_rollout
-from .contract import check_padded_rows, check_row_contract, check_shapes
+from .contract import check_log_probs, check_padded_rows, check_row_contract, check_shapes
 from .forward import check_forward
 from .groups import check_groups
 from .images import check_images
@@ -85,6 +85,8 @@ def check_batch(saved: SavedBatch, model_dir: str | Path, *, forward: bool = Fal
     for row in rows:
         report.failures += check_row_contract(row, prompts[row.index].long(), oracle.eos_ids, native)
         report.failures += check_padded_rows(row, len(oracle.tokenizer))
+        log_probs = saved.tensors.get("rollout_log_probs")
+        report.failures += check_log_probs(row, log_probs[row.index] if log_probs is not None else None)
         image_fails, grids, outputs = check_images(row, saved, oracle)
         report.failures += image_fails
         processed[row.index] = outputs
