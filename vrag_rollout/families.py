@@ -9,6 +9,10 @@ its position function by that name) and which transformers model class owns its
 Everything numeric (patch size, merge size, pixel band, token ids) is read from the model's own
 processor and tokenizer at run time, never from this table.
 
+Checkpoints are read as transformers finds them (`model_config`): a local directory, or a hub id
+(`Qwen/Qwen2.5-VL-7B-Instruct`, as verl configs name models) through the hub cache
+(HF_HOME / HF_HUB_CACHE, honouring HF_HUB_OFFLINE).
+
 Position rule: for still images the three Qwen VL families share one mrope rule (an image's
 merged patches at (t, h, w) offsets from the next text position; text resumes one past their
 maximum), so `positions.rope_positions` serves all of them; videos, where they differ (Qwen3-VL
@@ -33,6 +37,11 @@ BANNED_SPECIAL_TOKENS = VISION_TOKENS + GROUNDING_TOKENS
 
 class UnsupportedModelError(ValueError):
     """The model is not of a family this rollout serves (the message lists the supported ones)."""
+
+
+class UnreadableModelError(ValueError):
+    """The model's config cannot be read where the caller needs it (the message says where it
+    looked and what to set)."""
 
 
 @dataclass(frozen=True)
@@ -90,24 +99,44 @@ def family_of_model_type(model_type: Optional[str]) -> ModelFamily:
     )
 
 
-def _model_type(model_path: Any) -> Optional[str]:
-    """`model_type` from a local checkpoint's config.json, or None when there is none to read."""
-    config = Path(str(model_path)) / "config.json"
+def model_config(model_path: Any, *, download: bool = False) -> Optional[dict]:
+    """The checkpoint's config.json as transformers finds it: a local directory's, else a hub
+    id's from the hub cache (HF_HOME / HF_HUB_CACHE); with `download`, from the hub when the cache
+    lacks it, unless HF_HUB_OFFLINE. None when there is none to read."""
+    from transformers.utils import cached_file
+
     try:
-        return json.loads(config.read_text())["model_type"]
-    except (OSError, ValueError, KeyError, TypeError):
+        path = cached_file(str(model_path), "config.json", local_files_only=not download)
+        return json.loads(Path(path).read_text(encoding="utf-8")) if path else None
+    except (OSError, ValueError, TypeError):  # no such directory, nor cached repo; an id the hub refuses
         return None
 
 
-def logits_width(model_path: Any) -> Optional[int]:
-    """Rows of the model's embedding and LM head (its logits' width): a local checkpoint's
-    `text_config.vocab_size` (or top-level `vocab_size`), or None when there is none to read."""
+def _model_type(model_path: Any) -> Optional[str]:
+    """`model_type` from the checkpoint's config (local or cached), or None when there is none to read."""
+    config = model_config(model_path)
+    return config.get("model_type") if isinstance(config, dict) else None
+
+
+def logits_width(model_path: Any, *, required: bool = False) -> Optional[int]:
+    """Rows of the model's embedding and LM head (its logits' width): the checkpoint's
+    `text_config.vocab_size` (or top-level `vocab_size`), read as `model_config` finds it (a
+    hub id may be fetched). None when there is none to read; with `required`, an
+    `UnreadableModelError` instead, naming the path (the caller cannot ban the padded rows)."""
+    config = model_config(model_path, download=True)
     try:
-        config = json.loads((Path(str(model_path)) / "config.json").read_text())
         width = (config.get("text_config") or {}).get("vocab_size") or config["vocab_size"]
         return int(width)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    except (AttributeError, KeyError, TypeError, ValueError):
+        if not required:
+            return None
+    from huggingface_hub import constants
+
+    fetched = ("HF_HUB_OFFLINE is set, so it was not fetched" if constants.HF_HUB_OFFLINE
+               else "nor could it be fetched from the hub")
+    raise UnreadableModelError(
+        f"cannot read the vocabulary size of {model_path!r}: no config.json with vocab_size in that directory, "
+        f"nor in the Hugging Face cache ({constants.HF_HUB_CACHE}) for that hub id; {fetched}")
 
 
 def padded_token_ids(width: Optional[int], tokenizer_size: int) -> tuple[int, ...]:
@@ -126,9 +155,10 @@ def _family_of_processor(processor: Any) -> Optional[ModelFamily]:
 
 
 def detect_family(model_path: Any = None, processor: Any = None, model_type: Optional[str] = None) -> ModelFamily:
-    """The family of a model, from its config's `model_type` (an explicit one, else the local
-    checkpoint's config.json), else from the processor class; the two must agree when both are
-    known, since a processor of another family computes other image grids than the engine."""
+    """The family of a model, from its config's `model_type` (an explicit one, else the
+    checkpoint's config.json: a local directory's or a hub id's cached one), else from the
+    processor class; the two must agree when both are known, since a processor of another family
+    computes other image grids than the engine."""
     model_type = model_type or (_model_type(model_path) if model_path is not None else None)
     from_processor = _family_of_processor(processor) if processor is not None else None
     if model_type is not None:

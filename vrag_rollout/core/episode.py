@@ -118,8 +118,8 @@ class Episode:
         self.turn_ids.extend([self.turns] * len(observation.trainer_ids))
         self.observation_turns.append(self.turns)
         self.images.extend(observation.images)
-        for k, (page_id, image) in enumerate(zip(observation.page_ids, observation.images)):
-            region = observation.region_of(k)
+        for k, image in enumerate(observation.images):
+            page_id, region = observation.image_page(k), observation.region_of(k)
             self.image_regions.append(None if region is None else list(region))
             if region is None:  # a whole page: what a later region action may name
                 self.shown_pages[page_id] = image

@@ -42,16 +42,23 @@ class Observation:
     engine_ids: tuple[int, ...]
     trainer_ids: tuple[int, ...]
     images: tuple[Any, ...] = ()  # vision.PageImage, in sequence order
-    page_ids: tuple[str, ...] = ()
+    page_ids: tuple[str, ...] = ()  # the pages shown (images and text), in the order rendered
     dropped_images: int = 0  # pages left out because they did not fit the budget or image limit
     is_error: bool = False
     # Per image: None for a page as shown, or the region of it a crop shows ((x1, y1, x2, y2)
-    # as fractions of the page `page_ids[k]`); empty: every image is a whole page.
+    # as fractions of the page `image_page(k)`); empty: every image is a whole page.
     image_regions: tuple[Optional[tuple[float, ...]], ...] = ()
+    # Per image, its page id, where `page_ids` also holds text pages (a tool turn); empty: image
+    # k shows page `page_ids[k]`.
+    image_page_ids: tuple[str, ...] = ()
 
     @property
     def num_images(self) -> int:
         return len(self.images)
+
+    def image_page(self, k: int) -> str:
+        """The page id of image `k`."""
+        return (self.image_page_ids or self.page_ids)[k]
 
     def region_of(self, k: int) -> Optional[tuple[float, ...]]:
         """The region image `k` shows (None: the whole page)."""

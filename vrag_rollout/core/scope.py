@@ -4,7 +4,8 @@ A row with a `doc_id` is in document scope (ALDEN's setting): every search, fetc
 that document. A row without one is in corpus scope (VRAG-RL's): a search ranks the pages of the
 whole index, and a fetch or a crop reads a page of the *current document*, the document of the
 last page the episode was shown (a search hit, a fetched page or a crop; the last of a result's
-pages), as it stands when the turn starts (a turn's calls run together: a fetch cannot read the
+pages, in the order the observation shows them: a tool turn answers its calls in call order), as
+it stands when the turn starts (a turn's calls run together: a fetch cannot read the
 document its own turn's search finds). Before any page is shown there is none, and a fetch is
 answered as the policy's mistake (`NO_CURRENT_DOCUMENT`).
 
@@ -31,7 +32,7 @@ def document_of(page_id: str) -> str:
 
 def current_document(doc_id: Optional[str], page_ids: Sequence[Sequence[str]]) -> Optional[str]:
     """The document a fetch reads: `doc_id` (document scope), else the document of the last page
-    shown (`page_ids`: per observation, its pages in order), else None."""
+    shown (`page_ids`: per observation, its pages in the order it shows them), else None."""
     if doc_id is not None:
         return doc_id
     for shown in reversed(page_ids):

@@ -2,16 +2,24 @@
 
 Contract:
 
-- `preflight_problem(client, doc_ids, known, page_counts=None)` returns None when the retriever
-  answers and serves every document of `doc_ids` (None entries, samples without a document, are
-  skipped) with the page counts the data recorded (`page_counts`, aligned with `doc_ids`, None
-  where none was recorded), else one message that names the fix. `known` ({doc_id: page count})
-  caches the documents already confirmed, so a later batch asks the retriever only about
-  documents it has not seen (the listing is fetched again then: an index may have been reloaded
-  with new documents), and its recorded counts are compared with the cached ones.
+- `DocumentCheck(client, known=None)`: a process's check, asked once and reused.
+  `problem(doc_ids, page_counts=None)` returns None when the retriever answers and serves every
+  document of `doc_ids` (None entries, samples without a document, are skipped) with the page
+  counts the data recorded (`page_counts`, aligned with `doc_ids`, None where none was
+  recorded), else one message that names the fix. The retriever is asked (`GET /documents`, the
+  whole index's listing) only when the answer is not known yet: on first use (in corpus scope
+  too, where no document is named: is it there at all?), and when a document is named that the
+  last listing lacked (the index may have been reloaded with it). Every other call, whatever
+  documents it names, is answered from the last listing: one listing per process, not one per
+  batch or trajectory. `known` ({doc_id: page count}) holds the documents confirmed so far.
+  Thread-safe: callers that need a listing at the same time wait for one request; callers
+  answered from the cache never wait for a request.
+- `preflight_problem(client, doc_ids, known, page_counts=None)`: the same check once, with
+  `known` as its cache of confirmed documents (a `known` that holds documents stands for a
+  retriever already seen to answer).
 - A retriever that cannot list its documents (recorded fixtures; a server without
-  `GET /documents`) is checked for reachability only; a retriever object without a `documents`
-  method (the caller's own) is not checked.
+  `GET /documents`) is checked for reachability only, once; a retriever object without a
+  `documents` method (the caller's own) is not checked.
 - `enforce(problem, mode, logger)`: mode "fail" raises `RetrieverPreflightError`, "warn" logs the
   message as a warning, "off" does nothing (the rollout does not even call the check then).
 - `failure_rate_warning(metrics, threshold)`: the warning for a batch whose retriever calls failed
@@ -21,6 +29,7 @@ Contract:
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from .transport import TransportError
@@ -45,13 +54,73 @@ def missing_documents(served: Mapping[str, int], wanted: Iterable[Optional[str]]
 
 def preflight_problem(client: Any, doc_ids: Iterable[Optional[str]], known: dict,
                       page_counts: Optional[Sequence[Optional[int]]] = None) -> Optional[str]:
-    doc_ids = list(doc_ids)
-    recorded = recorded_page_counts(doc_ids, page_counts)
-    where = _where(client)
-    problem = _serving_problem(client, where, doc_ids, known)
-    if problem is None:
-        problem = page_count_problem(where, recorded, known)
-    return problem
+    return DocumentCheck(client, known).problem(doc_ids, page_counts)
+
+
+class DocumentCheck:
+    """What the retriever was seen to serve, asked about only when a call needs more (module
+    docstring)."""
+
+    def __init__(self, client: Any, known: Optional[dict] = None):
+        self.client = client
+        self.known = {} if known is None else known  # {doc_id: page count (None: not listed)}
+        self.where = _where(client)
+        self._served: Optional[Mapping[str, int]] = None  # the last listing
+        self._listable = True  # False once the retriever answered without a listing
+        self._answered = bool(self.known)  # the retriever has answered (it is there)
+        self._asking = threading.Lock()
+
+    def problem(self, doc_ids: Iterable[Optional[str]],
+                page_counts: Optional[Sequence[Optional[int]]] = None) -> Optional[str]:
+        doc_ids = list(doc_ids)
+        recorded = recorded_page_counts(doc_ids, page_counts)
+        if not self._settled(doc_ids):
+            with self._asking:  # one request for every caller that needs it now
+                if not self._settled(doc_ids):
+                    problem = self._ask(doc_ids)
+                    if problem is not None:
+                        return problem
+        return page_count_problem(self.where, recorded, self.known)
+
+    def _settled(self, doc_ids: Sequence[Optional[str]]) -> bool:
+        """Whether the cache answers for `doc_ids` (confirming what the last listing holds)."""
+        if getattr(self.client, "documents", None) is None:  # a retriever of the caller's own: trusted
+            return True
+        wanted = self._wanted(doc_ids)
+        if not self._answered:
+            return False
+        if not self._listable:  # reachability was all there was to check, and it was
+            self.known.update(dict.fromkeys(wanted))
+            return True
+        if self._served is None or any(doc not in self._served for doc in wanted):
+            return False
+        self.known.update({doc: self._served[doc] for doc in wanted})
+        return True
+
+    def _wanted(self, doc_ids: Sequence[Optional[str]]) -> list[str]:
+        return [doc for doc in dict.fromkeys(doc_ids) if doc is not None and doc not in self.known]
+
+    def _ask(self, doc_ids: Sequence[Optional[str]]) -> Optional[str]:
+        wanted = self._wanted(doc_ids)
+        try:
+            served = self.client.documents()
+        except TransportError as error:
+            return (f"{self.where} is unreachable ({error}): start it (`vrag-retriever serve --index DIR`) "
+                    f"or point retriever_url at a running one")
+        self._answered = True
+        if served is None:  # cannot list: reachability was all there was to check
+            self._listable = False
+            self.known.update(dict.fromkeys(wanted))
+            return None
+        self._served = served
+        missing = missing_documents(served, wanted)
+        self.known.update({doc: served[doc] for doc in wanted if doc in served})
+        if not missing:
+            return None
+        named = ", ".join(missing[:SHOWN]) + (f" and {len(missing) - SHOWN} more" if len(missing) > SHOWN else "")
+        return (f"{self.where} does not serve {len(missing)} document(s) of this batch: {named} "
+                f"(it serves {len(served)}): index them (`vrag-retriever index`), serve the index that has them, "
+                f"or fix the dataset's doc_id column")
 
 
 def page_count_value(value: Any) -> Optional[int]:
@@ -85,31 +154,6 @@ def page_count_problem(where: str, recorded: Mapping[str, set], served: Mapping[
             f"`vrag-rollout convert-dataset --index` on the served one")
 
 
-def _serving_problem(client: Any, where: str, doc_ids: Sequence[Optional[str]], known: dict) -> Optional[str]:
-    wanted = [doc for doc in dict.fromkeys(doc_ids) if doc is not None and doc not in known]
-    if not wanted and known:
-        return None
-    lister = getattr(client, "documents", None)
-    if lister is None:  # a retriever object of the caller's own that cannot list: trust it
-        return None
-    try:
-        served = lister()
-    except TransportError as error:
-        return (f"{where} is unreachable ({error}): start it (`vrag-retriever serve --index DIR`) "
-                f"or point retriever_url at a running one")
-    if served is None:  # cannot list: reachability was all there was to check
-        known.update(dict.fromkeys(wanted))
-        return None
-    missing = missing_documents(served, wanted)
-    known.update({doc: served[doc] for doc in wanted if doc in served})
-    if not missing:
-        return None
-    named = ", ".join(missing[:SHOWN]) + (f" and {len(missing) - SHOWN} more" if len(missing) > SHOWN else "")
-    return (f"{where} does not serve {len(missing)} document(s) of this batch: {named} "
-            f"(it serves {len(served)}): index them (`vrag-retriever index`), serve the index that has them, "
-            f"or fix the dataset's doc_id column")
-
-
 def enforce(problem: Optional[str], mode: str, logger: logging.Logger) -> None:
     if problem is None or mode == "off":
         return
@@ -131,5 +175,5 @@ def failure_rate_warning(metrics: Mapping[str, float], threshold: float) -> Opti
             f"{threshold:.0%}): {kinds}")
 
 
-__all__ = ["RetrieverPreflightError", "enforce", "failure_rate_warning", "missing_documents",
+__all__ = ["DocumentCheck", "RetrieverPreflightError", "enforce", "failure_rate_warning", "missing_documents",
            "page_count_problem", "page_count_value", "preflight_problem", "recorded_page_counts"]

@@ -19,13 +19,15 @@ Contract:
   a checker needs to know of how the batch was sampled.
 - Threads: the hooks that read or change an episode run on the schedule's loop thread;
   `tool_outcomes` and `observe_outcomes` may run in a tool thread and read no episode (see
-  docs/concurrency.md). `preflight` shares its cache of confirmed documents: callers on several
-  threads guard it (verl's loop does).
+  docs/concurrency.md). `preflight` may be called from several threads at once (verl's loops
+  call it per trajectory): it asks the retriever once per process and retriever
+  (`retrieval.preflight.DocumentCheck`), and answers later calls from that listing.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, Optional
 
@@ -94,8 +96,8 @@ class EpisodeDriver:
         # Also part of every seed: the same prompt on two data-parallel ranks gets other noise.
         self.dp_rank = data_parallel_rank if data_parallel_rank is not None else _dp_rank(self.config)
         self.format = self.retriever = self.observer = self.band = None
-        # {doc_id: page count (None: the retriever could not list)} the retriever was seen to serve
-        self.documents_confirmed: dict = {}
+        self._document_check: Any = None  # the preflight's cache, per retriever (`_documents`)
+        self._document_check_lock = threading.Lock()
         if format_class is not None:
             from .tools import Observer
 
@@ -210,14 +212,23 @@ class EpisodeDriver:
     def preflight(self, doc_ids: list[Optional[str]], page_counts: Optional[list] = None) -> None:
         """Refuse (or warn about) a batch the retriever cannot serve, before any sampling. The
         source rank asks; every rank of a tensor-parallel group gets its answer."""
-        from ..retrieval.preflight import enforce, preflight_problem
+        from ..retrieval.preflight import enforce
 
         mode = self.config.retriever_preflight
         if mode == "off":
             return
-        problem = self.sync.share(
-            lambda: preflight_problem(self.retriever, doc_ids, self.documents_confirmed, page_counts))
+        problem = self.sync.share(lambda: self._documents().problem(doc_ids, page_counts))
         enforce(problem, mode, logger)
+
+    def _documents(self) -> Any:
+        """The preflight's `DocumentCheck` of the current retriever (a retriever replaced since
+        starts a new one: it may serve another index)."""
+        from ..retrieval.preflight import DocumentCheck
+
+        with self._document_check_lock:
+            if self._document_check is None or self._document_check.client is not self.retriever:
+                self._document_check = DocumentCheck(self.retriever)
+            return self._document_check
 
     def before_rollout(self, meta: dict) -> None:
         """Per call: the retriever's counters reset, and the page band narrowed to the trainer's."""

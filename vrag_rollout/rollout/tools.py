@@ -40,7 +40,6 @@ class ObservationResult:
     searches: int = 0  # executed calls (the tag format counts its one action itself)
     fetches: int = 0
     crops: int = 0
-    text_pages: list = field(default_factory=list)  # page ids of text fetches in a tool turn
 
 
 def call_retriever(calls: Sequence[ToolCall], client: Any, top_n: int, band: Optional[PixelBand] = None) -> list[Outcome]:
@@ -141,28 +140,27 @@ class Observer:
         stay, marked as left out); None when not even the texts fit."""
         pages = [page for outcome in outcomes for page in _image_pages(outcome)]
         decoded = self._decode_all(pages)
-        answers, counts = [], ObservationResult(None)
-        for call, outcome in zip(calls, outcomes):
-            images, text = self._tool_answer(call, outcome, decoded, counts)
-            answers.append((images, text))
-        kept = [len(images) for images, _ in answers]
+        counts = ObservationResult(None)
+        # per call: (images, text, the id of a text page shown, else None)
+        answers = [self._tool_answer(call, outcome, decoded, counts) for call, outcome in zip(calls, outcomes)]
+        kept = [len(images) for images, _, _ in answers]
         while True:
-            observation = self._tool_observation(answers, kept, budget, image_slots, template, counts.text_pages)
+            observation = self._tool_observation(answers, kept, budget, image_slots, template)
             if observation is not None or not any(kept):
                 counts.observation = observation
                 if observation is None:  # not even the texts fit: what they needed, images all left out
-                    texts_only = self._tool_observation(answers, kept, UNLIMITED, UNLIMITED, template,
-                                                        counts.text_pages)
+                    texts_only = self._tool_observation(answers, kept, UNLIMITED, UNLIMITED, template)
                     counts.overflow = Overflow(len(texts_only.trainer_ids),
-                                               tuple(pid for imgs, _ in answers for _, pid, _ in imgs)
-                                               + tuple(counts.text_pages))
+                                               _shown_in_order(answers, [len(imgs) for imgs, _, _ in answers]))
                 return counts
             last = max(i for i, k in enumerate(kept) if k)
             kept[last] -= 1
 
     def _tool_answer(self, call: Any, outcome: Any, decoded: dict, counts: ObservationResult) -> tuple:
+        """(images as (image, page id, region), the message's text, the id of the text page it
+        shows or None)."""
         if isinstance(call, Invalid):
-            return [], f"error: {call.message}"
+            return [], f"error: {call.message}", None
         # every call made counts, answered or not, as in the tags format; failures count apart
         counts.searches += int(isinstance(call, Search))
         counts.fetches += int(isinstance(call, Fetch))
@@ -171,33 +169,32 @@ class Observer:
             mistake = outcome.kind == REQUEST_FAILURE
             counts.bad_request += int(mistake)
             counts.retriever_error += int(not mistake)
-            return [], f"error: {outcome.message}"
+            return [], f"error: {outcome.message}", None
         found = outcome if isinstance(outcome, list) else [outcome]
         if not found:
-            return [], NO_PAGES
+            return [], NO_PAGES, None
         if found[0].modality == "text":
             ids = self.builder.encode_text(found[0].contents)[: self.builder.max_text_tokens]
-            counts.text_pages.append(found[0].page_id)
-            return [], f"page {found[0].page_id}:\n" + self.builder.decode(ids)
+            return [], f"page {found[0].page_id}:\n" + self.builder.decode(ids), found[0].page_id
         images = [(decoded[id(p)], p.page_id, p.region) for p in found if decoded[id(p)] is not None]
         counts.decode_errors += len(found) - len(images)
         if not images:
             counts.retriever_error += 1
-            return [], f"error: {_undecodable(call)}"
+            return [], f"error: {_undecodable(call)}", None
         if isinstance(call, Crop):
             page = found[0].page_id.rpartition("_")[2]
-            return images, f"region of page {page}: [{', '.join(f'{v:g}' for v in call.box)}]"
-        return images, "pages: " + ", ".join(page_id for _, page_id, _ in images)
+            return images, f"region of page {page}: [{', '.join(f'{v:g}' for v in call.box)}]", None
+        return images, "pages: " + ", ".join(page_id for _, page_id, _ in images), None
 
     def _tool_observation(self, answers: list, kept: list, budget: int, image_slots: int,
-                          template: Any, text_pages: Sequence[str] = ()) -> Optional[Observation]:
+                          template: Any) -> Optional[Observation]:
         from ..core.tool_turns import ToolResult
 
         if sum(kept) > max(image_slots, 0):
             return None
-        images = [img for (imgs, _), k in zip(answers, kept) for img in imgs[:k]]
+        images = [img for (imgs, _, _), k in zip(answers, kept) for img in imgs[:k]]
         results = [ToolResult(text if k == len(imgs) else text + f" ({len(imgs) - k} left out: no room)", images=k)
-                   for (imgs, text), k in zip(answers, kept)]
+                   for (imgs, text, _), k in zip(answers, kept)]
         engine_ids = template.observation_ids(results)
         pad = self.builder.vision.image_pad
         if engine_ids.count(pad) != len(images):
@@ -211,8 +208,9 @@ class Observer:
         regions = tuple(region for _, _, region in images)
         return Observation(engine_ids=tuple(engine_ids), trainer_ids=tuple(trainer_ids),
                            images=tuple(img for img, _, _ in images),
-                           page_ids=tuple(pid for _, pid, _ in images) + tuple(text_pages),
-                           dropped_images=sum(len(imgs) for imgs, _ in answers) - len(images),
+                           page_ids=_shown_in_order(answers, kept),
+                           image_page_ids=tuple(pid for _, pid, _ in images),
+                           dropped_images=sum(len(imgs) for imgs, _, _ in answers) - len(images),
                            image_regions=regions if any(regions) else ())
 
     def _decode_all(self, pages: Sequence[RetrievedPage]) -> dict:
@@ -240,6 +238,14 @@ class Observer:
 
 def _fitted(observation: Optional[Observation], overflow: Callable[[], Overflow], **counts: Any) -> ObservationResult:
     return ObservationResult(observation, overflow() if observation is None else None, **counts)
+
+
+def _shown_in_order(answers: Sequence[tuple], kept: Sequence[int]) -> tuple[str, ...]:
+    """The page ids a tool turn shows, in the order it renders them: call by call, each call's
+    kept images, or its text page (the reward ranks them in this order, and corpus scope reads
+    the document of the last one)."""
+    return tuple(pid for (imgs, _, text_page), k in zip(answers, kept)
+                 for pid in [pid for _, pid, _ in imgs[:k]] + ([text_page] if text_page else []))
 
 
 def _undecodable(action: Union[Search, Fetch, Crop]) -> str:

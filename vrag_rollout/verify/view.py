@@ -274,8 +274,12 @@ class _Episode:
             observation += 1
             tag = (f'<span class="obs-tag">pages: {", ".join(self._page(p) for p in pages)}</span>' if pages
                    else '<span class="obs-tag">observation</span>')
+            # `pages` is every page shown, in render order, text pages too: an image's caption is
+            # the next page not shown as text ("page <id>:")
+            shown_as_text = self.decode(ids)
+            captions = [str(p) for p in pages if f"page {p}:" not in shown_as_text]
             parts.append(f'<span class="obs" data-pos="{self.P + start}">{tag}'
-                         f'{self._text_with_images(ids, [str(p) for p in pages])}</span>')
+                         f'{self._text_with_images(ids, captions)}</span>')
         if self.next_image < len(self.images):  # a broken batch: show what no image tokens point at
             extra = "".join(self._image("no image tokens", 0) for _ in range(len(self.images) - self.next_image))
             parts.append(f'<div class="missing">saved images without image tokens: {extra}</div>')

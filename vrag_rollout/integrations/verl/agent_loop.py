@@ -17,7 +17,9 @@ the images in sequence order as `multi_modal_data["images"]`, and per-episode fa
 Configuration: the loop's entry in verl's `agent_loop_config_path` file, whose keys besides
 `name` and `_target_` reach `__init__` (hydra): `vrag` (a dict of `AgentRolloutConfig` fields:
 `retriever_url`, `action_format`, `top_n`, `max_turns`, ...) and `model_path` (default: the
-trainer's `actor_rollout_ref.model.path`). Lengths, temperature, top_p, top_k and
+trainer's `actor_rollout_ref.model.path`: a local directory or a hub id, read through the
+Hugging Face cache; a path whose config cannot be read is refused, since the checkpoint's padded
+vocabulary rows could not be banned). Lengths, temperature, top_p, top_k and
 `calculate_log_probs` come from verl's rollout config, so the two never disagree.
 
 Tool calls: up to `retriever_max_concurrency` retriever batches are out at once; the calls of
@@ -59,7 +61,7 @@ from ...core.episode import Episode
 from ...formats import format_named
 from ...data.prompts import expand_pads
 from ...engine.sampling import request_seed
-from ...families import logits_width
+from ...families import UnreadableModelError, logits_width
 from ...rollout import tool_batcher
 from ...rollout.driver import EpisodeDriver
 from ...rollout.schedules import ScheduleClock, run_episode
@@ -74,7 +76,6 @@ VERL_LOGPROBS_MODE = "processed_logprobs"  # verl's rollout.logprobs_mode defaul
 
 _drivers: dict = {}
 _drivers_lock = threading.Lock()
-_preflight_lock = threading.Lock()
 ROW_SAMPLES = 1 << 20  # row-given sample indices (`vrag_sample`) stay below this
 
 
@@ -135,8 +136,21 @@ def shared_driver(model_path: str, settings: dict, tokenizer: Any, processor: An
     with _drivers_lock:
         if key not in _drivers:
             _drivers[key] = ServerDriver(model_path, settings, tokenizer, processor,
-                                         logits_width=logits_width(model_path))
+                                         logits_width=checkpoint_width(model_path))
         return _drivers[key]
+
+
+def checkpoint_width(model_path: str) -> int:
+    """The logits width of verl's model (a local directory or a hub id, as `model_config` reads
+    it). Refused when unreadable: without it the padded rows (ids no text decodes to) go unbanned
+    and the policy may sample them into the training batch."""
+    try:
+        return logits_width(model_path, required=True)
+    except UnreadableModelError as error:
+        raise UnreadableModelError(
+            f"vrag_agent: {error}. The loop bans the padded vocabulary rows of the checkpoint, so it must read its "
+            "config.json here: set the loop's model_path (its entry in agent_loop_config_path) to the checkpoint's "
+            "local directory, or make the hub id readable from this worker's Hugging Face cache") from error
 
 
 def end_of_sequence_ids(tokenizer: Any, model_path: str) -> tuple[int, ...]:
@@ -231,14 +245,14 @@ class VragAgentLoop(AgentLoopBase):
         episode.finish("max_turns")  # no-op for an episode that ended
         return self._output(episode, prompt_ids, clock, steps)
 
-    def _preflight(self, doc_id: str, page_count: Any) -> None:
-        """The rollout's retriever preflight (`retriever_preflight`) for this row's document, before
-        its first turn; each document is asked about once per process (the driver caches it)."""
+    def _preflight(self, doc_id: Optional[str], page_count: Any) -> None:
+        """The rollout's retriever preflight (`retriever_preflight`) for this row's document (None:
+        corpus scope), before its first turn: the driver lists the index once per process and
+        answers every later trajectory from that listing (`retrieval.preflight.DocumentCheck`)."""
         from ...retrieval.preflight import page_count_value
 
         count = page_count_value(page_count)
-        with _preflight_lock:  # the driver's cache of confirmed documents is shared by every loop
-            self.driver.preflight([doc_id], None if count is None else [count])
+        self.driver.preflight([doc_id], None if count is None else [count])
 
     def _episode(self, row: dict, sample: int) -> tuple[Episode, list[int]]:
         """The row's episode and its prompt in the trainer's view (each image's pads expanded);
