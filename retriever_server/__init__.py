@@ -1,4 +1,5 @@
-"""Page-image retriever: index PDFs and page images, search inside one document, fetch a page.
+"""Page-image retriever: index PDFs and page images, search the whole corpus, a subset of documents
+or one document, fetch a page.
 
 Layers, lowest first; each imports only those before it (tests/test_layers.py checks it):
 

@@ -2,6 +2,13 @@
 
 Its help is plain text (argparse prints it as written, no markup): each subcommand has a
 description and every option a help line saying its default.
+
+Exit status, as `vrag-rollout`'s (README.md): 0 done; 2 a usage error (argparse's message with
+the usage line) or an expected user error (a missing or unreadable path, a bad index, an option
+value out of range, nothing that could be indexed), said in one line, `vrag-retriever COMMAND:
+error: ...`, without a traceback or usage line. Anything else is a bug and keeps its traceback.
+`index` leaving out files it cannot read is not an error: each is named on stderr after the
+summary, and recorded in the index's manifest (`--unreadable fail` makes the first one an error).
 """
 
 from __future__ import annotations
@@ -16,11 +23,12 @@ from .api.admission import AdmissionLimits
 from .serving.answer_size import LIMIT_OPTION, MIB
 from .serving.cache import PRELOAD_FORMS
 from .serving.limits import Limits
-from .storage.imaging import DEFAULT_DPI, DEFAULT_JPEG_QUALITY, DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
+from .storage.imaging import DEFAULT_DPI, DEFAULT_JPEG_QUALITY, DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, PATCH
 
 DESCRIPTION = """\
 vrag-retriever: a page-image retriever for visual document RAG. It indexes PDFs and
-page images, searches inside one document per query and serves the pages over HTTP.
+page images, searches the whole corpus, a set of documents or one document per query
+(the request's id), and serves the pages over HTTP.
 
 quick start (each command has its own --help):
   vrag-retriever sample-corpus corpus/
@@ -48,21 +56,60 @@ def _services(text: str) -> float | None:
     return None if text.lower() == "none" else float(text)
 
 
+def _require(ok: bool, option: str, rule: str, value) -> None:
+    """An option value argparse accepted but the command cannot use: one line naming the option."""
+    if not ok:
+        raise ValueError(f"{option} must be {rule}, got {value}")
+
+
+def _check_index_values(args) -> None:
+    _require(18 <= args.dpi <= 600, "--dpi", "in 18..600", args.dpi)
+    _require(1 <= args.jpeg_quality <= 95, "--jpeg-quality", "in 1..95", args.jpeg_quality)
+    _require(PATCH * PATCH <= args.min_pixels, "--min-pixels", f"at least {PATCH * PATCH}", args.min_pixels)
+    _require(args.min_pixels <= args.max_pixels, "--max-pixels", f"at least --min-pixels ({args.min_pixels})",
+             args.max_pixels)
+    _require(args.workers is None or args.workers >= 1, "--workers", "at least 1", args.workers)
+
+
 def _cmd_index(args) -> int:
     from .indexing.indexer import build_index
+    from .indexing.ingest import UnreadableDocument
 
-    out = build_index([Path(s) for s in args.sources], Path(args.out), min_pixels=args.min_pixels,
-                      max_pixels=args.max_pixels, jpeg_quality=args.jpeg_quality, ocr=args.ocr,
-                      dpi=args.dpi, workers=args.workers, encoder=args.encoder,
-                      backend=args.backend, qdrant_url=args.qdrant_url, search=args.search)
+    _check_index_values(args)
+    try:
+        out = build_index([Path(s) for s in args.sources], Path(args.out), min_pixels=args.min_pixels,
+                          max_pixels=args.max_pixels, jpeg_quality=args.jpeg_quality, ocr=args.ocr,
+                          dpi=args.dpi, workers=args.workers, encoder=args.encoder,
+                          backend=args.backend, qdrant_url=args.qdrant_url, search=args.search,
+                          unreadable=args.unreadable)
+    except UnreadableDocument as exc:  # --unreadable fail
+        raise ValueError(f"{exc}; nothing written (--unreadable skip leaves such a file out and goes on)") from exc
     from .storage.store import PageStore
 
     store = PageStore.open(out)
-    docs, info = store.documents(), store.manifest.backend
+    docs, info, skipped = store.documents(), store.manifest.backend, store.manifest.skipped
     how = info["kind"] if info["kind"] == "bm25" else f"{info['kind']}, {info['search']}, " \
                                                       f"{info['encoder']['fingerprint']}"
-    print(f"indexed {len(docs)} document(s), {sum(docs.values())} page(s) into {out} ({how})")
+    left_out = (f"; skipped {len(skipped)} file(s) that could not be read (named on stderr, and in "
+                f"{out / 'manifest.json'} under \"skipped\")") if skipped else ""
+    print(f"indexed {len(docs)} document(s), {sum(docs.values())} page(s) into {out} ({how}){left_out}",
+          flush=True)
+    for entry in skipped:  # at the end, where they are seen
+        print(f"vrag-retriever index: skipped {entry['source']}: {entry['reason']}", file=sys.stderr)
     return 0
+
+
+def _check_serve_values(args) -> None:
+    _require(0 <= args.port <= 65535, "--port", "in 0..65535", args.port)
+    for option, value in (("--workers", args.workers), ("--max-in-flight", args.max_in_flight),
+                          ("--threads", args.threads)):
+        _require(value >= 1, option, "at least 1", value)
+    _require(args.max_queue >= 0, "--max-queue", "at least 0", args.max_queue)
+    for option, value in (("--max-wait", args.max_wait), (LIMIT_OPTION, args.max_answer_mib)):
+        _require(value > 0, option, "above 0", value)
+    _require(args.queue_services is None or args.queue_services > 0, "--queue-services", "above 0 (or none)",
+             args.queue_services)
+    _require(args.follow_index >= 0, "--follow-index", "at least 0", args.follow_index)
 
 
 def _cmd_serve(args) -> int:
@@ -70,12 +117,11 @@ def _cmd_serve(args) -> int:
 
     from .api import asgi
 
+    _check_serve_values(args)
     api_key = args.api_key or os.environ.get(asgi.ENV_API_KEY) or None
     if not _is_loopback(args.host) and api_key is None and not args.allow_public:
-        print(f"refusing to bind {args.host} without an API key: pass --api-key (or set "
-              f"{asgi.ENV_API_KEY}), or --allow-public-without-key if you really mean it",
-              file=sys.stderr)
-        return 2
+        raise ValueError(f"refusing to bind {args.host} without an API key: pass --api-key (or set "
+                         f"{asgi.ENV_API_KEY}), or --allow-public-without-key if you really mean it")
     from .storage.manifest import read_manifest
     from .indexing.suggest import no_index_at
     from .storage.swap import recover
@@ -135,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
 Index documents into INDEX_DIR: page text (PDF text layer, else OCR), BM25 over it,
 and every page rendered once to a JPEG that serving sends as is. The index is
 built beside INDEX_DIR and swapped in when complete; re-running replaces it.
+A file that cannot be read is left out and named at the end (see --unreadable).
 
 examples:
   vrag-retriever index report.pdf manuals/ scans/contract_17/ --out index/
@@ -165,6 +212,11 @@ examples:
                    help="Qdrant server (default: Qdrant local mode inside the index directory)")
     p.add_argument("--search", choices=("hybrid", "dense"), default=None,
                    help="with qdrant: fuse BM25 and dense ranks (hybrid, default) or dense only")
+    p.add_argument("--unreadable", choices=("skip", "fail"), default="skip",
+                   help="a file that cannot be read (a corrupt, encrypted or empty PDF, a broken page "
+                        "image): skip leaves it out, goes on, names it at the end and records it in "
+                        "the manifest; fail stops there and writes nothing (default %(default)s; "
+                        "with none readable, nothing is written either way and the exit status is 2)")
     p.set_defaults(func=_cmd_index)
 
     p = command("serve", "serve an index over HTTP", """\
@@ -235,13 +287,27 @@ example:
     return parser
 
 
+def _one_line(exc: BaseException) -> str:
+    """The error said in one line; an OSError from the system as `PATH: what` (no errno)."""
+    if isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
+        text = f"{exc.filename}: {exc.strerror}"
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+# Expected user errors (a path, an index, a value, an environment the command cannot use):
+# said in one line with exit 2. Anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, OSError, RuntimeError)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except USER_ERRORS as exc:
+        print(f"vrag-retriever {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -96,12 +96,17 @@ def build_parser() -> argparse.ArgumentParser:
     _retriever_preflight(rollout)
 
     evaluate = subcommand(
-        "evaluate", help="score a checkpoint on a converted benchmark the way its paper does: greedy rollouts, "
-                         "the set's own scoring, retrieval recall and NDCG; results.jsonl (resumable) and a report",
+        "evaluate", help="score a checkpoint (or a tiny model) on a converted benchmark the way its paper does: "
+                         "greedy rollouts (or --n samples for pass@k), the set's own scoring, retrieval recall and "
+                         "NDCG; results.jsonl (resumable) and a report",
     )
     evaluate.add_argument("--data", type=Path, required=True,
                           help="a benchmark converted with `convert-dataset --from SET` (either --layout)")
-    evaluate.add_argument("--model", required=True, help="the checkpoint to evaluate (a local directory)")
+    evaluate.add_argument("--model", default=None,
+                          help="the checkpoint to evaluate (a local directory of a supported family)")
+    evaluate.add_argument("--family", choices=FAMILY_NAMES, default=None,
+                          help="without --model: the family of the tiny random model to build and run "
+                               "(default qwen2-vl)")
     evaluate.add_argument("--index", type=Path, default=None,
                           help="the benchmark's retriever index (vrag-retriever index), served for the run")
     evaluate.add_argument("--retriever-url", default=None, help="a running retriever instead (vrag-retriever serve)")
@@ -125,10 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
                                "published (on for ViDoSeek), on for every set, or off")
     evaluate.add_argument("--batch-size", type=int, default=8, help="questions rolled out together")
     evaluate.add_argument("--limit", type=int, default=None, help="only the file's first LIMIT questions")
-    evaluate.add_argument("--seed", type=int, default=0, help="base of the per-question seeds")
-    evaluate.add_argument("--grammar", action="store_true",
+    evaluate.add_argument("--n", type=int, default=1,
+                          help="samples per question: above 1, reported as pass@1 (their mean) and pass@N (each "
+                               "question's best sample); needs --temperature above 0")
+    evaluate.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    evaluate.add_argument("--seed", type=int, default=0, help="base of the per-sample seeds")
+    evaluate.add_argument("--grammar", action=argparse.BooleanOptionalAction, default=None,
                           help="confine every turn to a well-formed action: what makes a tiny random model act "
-                               "(never for a trained checkpoint: it would change what is measured)")
+                               "(default: on without --model, off with it; not for a trained checkpoint: it "
+                               "changes what is measured)")
 
     learn = subcommand(
         "learn", help="GRPO on CPU with a tiny model: roll out, score, update the HF model, sync it into the engine, "
@@ -155,7 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="tags: <fetch>/<answer> in one turn; tool_call: the chat template's own tool calls")
     learn.add_argument("--data", type=Path, default=None,
                        help="your questions instead of the find-the-page task: a parquet from convert-dataset "
-                            "(the first --batch-size rows; no action grammar: the model writes its own actions)")
+                            "(the first --batch-size rows)")
+    learn.add_argument("--grammar", action=argparse.BooleanOptionalAction, default=None,
+                       help="with --data: confine each turn to a search, a fetch or an answer, as rollout does "
+                            "(default: on for a tiny model, which otherwise never acts; off for --model)")
     learn.add_argument("--index", type=Path, default=None,
                        help="serve this retriever index (vrag-retriever index) instead of the sample corpus's")
     learn.add_argument("--guard", choices=("fail", "drop", "warn", "off"), default="drop",
@@ -298,10 +311,12 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.command in ("demo", "learn", "rollout") and args.model is not None:
         from .devkit.demo import demo_model
 
-        try:  # a usage error, not a traceback, for a model directory that cannot be run
+        from .devkit.job_checks import JobInputError
+
+        try:  # one line, not a traceback nor a usage tail, for a model directory that cannot be run
             demo_model(args.family, args.model)
         except (FileNotFoundError, ValueError) as error:
-            parser.error(f"{args.command}: {error}")
+            raise JobInputError(f"--model {error}" if not str(error).startswith("--model") else str(error)) from None
     if args.command == "demo":
         return _demo(args)
     if args.command == "rollout":
@@ -378,28 +393,30 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _evaluate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .devkit.evaluate_job import run_evaluation
+    from .devkit.job_checks import JobInputError
     from .evaluation.protocol import Protocol
+    from .evaluation.report import headline
 
-    for name in ("max_turns", "response_length", "top_n", "batch_size", "limit"):
+    # a bad value is one line naming its flag (JobInputError), not a usage message
+    for name in ("max_turns", "response_length", "top_n", "batch_size", "limit", "n"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+            raise JobInputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.temperature < 0:
+        raise JobInputError(f"--temperature must be at least 0, got {args.temperature}")
+    if args.n > 1 and args.temperature == 0:
+        raise JobInputError(f"--n {args.n} at --temperature 0 draws the same answer {args.n} times: give a "
+                            "--temperature above 0 for pass@k")
     protocol = Protocol(scope=args.scope, max_turns=args.max_turns, capped=args.capped,
                         unanswerable=args.unanswerable, response_length=args.response_length, top_n=args.top_n,
-                        seed=args.seed, search_required={"set": None, "on": True, "off": False}[args.search_required])
-    report = run_evaluation(args.out, data=args.data, model=args.model, protocol=protocol, index=args.index,
-                            retriever_url=args.retriever_url, batch_size=args.batch_size, limit=args.limit,
-                            grammar=args.grammar, judge_model=args.judge)
-    for name, bench in report["benchmarks"].items():
-        shown = ", ".join(f"{key} {100 * value:.1f}" for key, value in bench["scores"].items()
-                          if key in ("accuracy", "f1", "judge_accuracy"))
-        print(f"{name}: {bench['counted']} of {bench['questions']} questions counted; {shown}; "
-              f"recall {_percent(bench['retrieval']['recall'])}, ndcg {_percent(bench['retrieval']['ndcg'])}")
+                        n=args.n, temperature=args.temperature, seed=args.seed,
+                        search_required={"set": None, "on": True, "off": False}[args.search_required])
+    report = run_evaluation(args.out, data=args.data, model=args.model, family=args.family, protocol=protocol,
+                            index=args.index, retriever_url=args.retriever_url, batch_size=args.batch_size,
+                            limit=args.limit, grammar=args.grammar, judge_model=args.judge)
+    for line in headline(report):
+        print(line)
     print(f"report: {args.out / 'report.md'} (results: {args.out / 'results.jsonl'})")
     return 0
-
-
-def _percent(value: Optional[float]) -> str:
-    return "-" if value is None else f"{100 * value:.1f}"
 
 
 def _learn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -426,7 +443,7 @@ def _learn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     check_retriever(source, [sample.doc_id for sample in samples], page_counts, args.retriever_preflight, hint)
     run_learn(args.out, **settings, seed=args.seed, family=args.family, model=args.model,
               retriever_url=args.retriever_url, fixtures=args.fixtures, action_format=args.action_format,
-              retriever_preflight=args.retriever_preflight, guard=args.guard, **sources)
+              retriever_preflight=args.retriever_preflight, guard=args.guard, grammar=args.grammar, **sources)
     return 0
 
 

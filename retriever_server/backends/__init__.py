@@ -6,7 +6,8 @@ BM25 (``search: hybrid``, the default). Backends read an index through ``storage
 know nothing of serving or HTTP.
 
 - `base`: the interface (`Backend`, `Hit`) and `StoreBackend`, pages served from a `PageStore`.
-- `bm25`: the embedded default: page-aware BM25 over page text and heading lines, per document.
+- `bm25`: the embedded default: page-aware BM25 over page text and heading lines, in any scope
+  (one document, a subset, the corpus).
 - `qdrant`: dense multi-vector search in Qdrant (one point per page, MaxSim), and its build.
 - `fusion`: hybrid search: reciprocal-rank fusion of a lexical and a dense backend.
 - `late_interaction`: a fixed-dimensional first stage with exact MaxSim re-ranking, the candidate

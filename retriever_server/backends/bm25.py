@@ -1,4 +1,4 @@
-"""The embedded default backend: page-aware BM25 (bm25s) over page text, searched per document.
+"""The embedded default backend: page-aware BM25 (bm25s) over page text, searched in any scope.
 
 Two BM25 matrices cover the whole corpus (so IDF statistics come from all pages): one over page
 text, one over each page's heading lines (``retriever_server.indexing.headings``). A query is scored

@@ -4,6 +4,7 @@ Imports `storage/`, `backends/` (to build BM25 and Qdrant) and `encoders/`; neve
 
 - `indexer`: `build_index`: discover, extract, rank pages, write BM25, manifest; swap in.
 - `ingest`: sources (PDFs, folders of PDFs or page images) -> documents -> pages (text, JPEG).
+- `unreadable`: documents that cannot be read: left out and recorded (or the build stopped).
 - `ocr`: OCR through the tesseract command, for pages without a usable text layer.
 - `layout`: the lines of a PDF page's text layer with font size and boldness (pdfium).
 - `headings`: which lines of a page are headings (pure).

@@ -9,6 +9,10 @@ file names number its images (``image_numbers``: SlideVQA's ``<deck>-<slide>-<wi
 ``slide_3.png``) also records each image's own number (``IngestedPage.source_number``), so that a
 missing image (a slide that failed to download) can be told apart from a renumbered one: gold
 pages written as slide numbers are mapped through it (``vrag_rollout.data.dataset``).
+
+A document that cannot be read (a PDF pdfium cannot open or render, an image PIL cannot decode)
+raises ``UnreadableDocument``, and nothing else does: the indexer skips exactly those
+(``unreadable``), while a bad setting or a bug still stops the build.
 """
 
 from __future__ import annotations
@@ -31,6 +35,21 @@ IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", "
 OCR_MODES = ("auto", "on", "off")
 # Resolution of the extra render used only as OCR input (tesseract wants ~200-300 dpi).
 OCR_DPI = 200
+
+
+class UnreadableDocument(ValueError):
+    """The file at ``path`` cannot be read as a document, for ``reason`` (said without the path)."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = Path(path), reason
+
+    def __reduce__(self):  # raised in ingest worker processes too
+        return type(self), (self.path, self.reason)
+
+
+# What PIL raises for a file it cannot decode (truncated, not an image, a decompression bomb).
+_IMAGE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
 
 @dataclass(frozen=True)
@@ -153,7 +172,7 @@ def _open_pdf(path: Path) -> pdfium.PdfDocument:
     try:
         return pdfium.PdfDocument(path)
     except pdfium.PdfiumError as exc:
-        raise ValueError(f"{path}: cannot open PDF ({exc})") from exc
+        raise UnreadableDocument(path, f"cannot open PDF ({str(exc).rstrip('.')})") from exc
 
 
 @dataclass
@@ -200,31 +219,42 @@ def _pdf_pages(path: Path, min_pixels: int, max_pixels: int, quality: int, ocr: 
     try:
         stop = len(pdf) if last is None else min(last, len(pdf))
         for index in range(first - 1, stop):
-            page = pdf[index]
-            textpage = page.get_textpage()
-            text = textpage.get_text_range().replace("\r\n", "\n")
-            lines = page_lines(textpage)
-            textpage.close()
-            width_pt, height_pt = page.get_size()  # as displayed: pdfium applies /Rotate
-            size = fit_to_budget(width_pt * dpi / 72, height_pt * dpi / 72, min_pixels, max_pixels)
-            # Render at the stored size: the scale covers both sides, and the excess from
-            # rounding to the 28-grid (under 28 px on one axis) is trimmed evenly from the two
-            # margins, which is cheaper than resampling and keeps text sharp. (Crops map their
-            # boxes through the same window: ``regions.stored_window``.)
-            scale = render_scale(width_pt, height_pt, size)
-            image = page.render(scale=scale, rev_byteorder=True).to_pil()
-            image = _center_crop(image, size)
-            source = "pdf" if text.strip() else "none"
-            if ocr.wants(text):
-                scan = page.render(scale=OCR_DPI / 72, rev_byteorder=True).to_pil()
-                text, source = ocr_mod.ocr_image(scan), "ocr"
-                lines = _plain_lines(text)
-            page.close()
-            role, heads = describe(lines, index + 1, len(pdf))
-            yield IngestedPage(index + 1, text, source, encode_jpeg(image, size, quality), *size,
-                               role=role, headings=heads)
+            try:
+                page = _pdf_page(path, pdf, index, min_pixels, max_pixels, quality, ocr, dpi)
+            except pdfium.PdfiumError as exc:
+                raise UnreadableDocument(path, f"cannot read page {index + 1} ({str(exc).rstrip('.')})") from exc
+            yield page
     finally:
         pdf.close()
+
+
+def _pdf_page(path: Path, pdf: pdfium.PdfDocument, index: int, min_pixels: int, max_pixels: int,
+              quality: int, ocr: OcrPolicy, dpi: float) -> IngestedPage:
+    page = pdf[index]
+    textpage = page.get_textpage()
+    text = textpage.get_text_range().replace("\r\n", "\n")
+    lines = page_lines(textpage)
+    textpage.close()
+    width_pt, height_pt = page.get_size()  # as displayed: pdfium applies /Rotate
+    if not (width_pt > 0 and height_pt > 0):
+        raise UnreadableDocument(path, f"page {index + 1} has no area ({width_pt} x {height_pt} pt)")
+    size = fit_to_budget(width_pt * dpi / 72, height_pt * dpi / 72, min_pixels, max_pixels)
+    # Render at the stored size: the scale covers both sides, and the excess from
+    # rounding to the 28-grid (under 28 px on one axis) is trimmed evenly from the two
+    # margins, which is cheaper than resampling and keeps text sharp. (Crops map their
+    # boxes through the same window: ``regions.stored_window``.)
+    scale = render_scale(width_pt, height_pt, size)
+    image = page.render(scale=scale, rev_byteorder=True).to_pil()
+    image = _center_crop(image, size)
+    source = "pdf" if text.strip() else "none"
+    if ocr.wants(text):
+        scan = page.render(scale=OCR_DPI / 72, rev_byteorder=True).to_pil()
+        text, source = ocr_mod.ocr_image(scan), "ocr"
+        lines = _plain_lines(text)
+    page.close()
+    role, heads = describe(lines, index + 1, len(pdf))
+    return IngestedPage(index + 1, text, source, encode_jpeg(image, size, quality), *size,
+                        role=role, headings=heads)
 
 
 def _center_crop(image: Image.Image, size: tuple[int, int]) -> Image.Image:
@@ -242,8 +272,8 @@ def _image_pages(paths: tuple[Path, ...], numbers: tuple[int, ...] | None, min_p
             with Image.open(path) as raw:
                 raw.load()
                 image = raw.convert("RGB")
-        except OSError as exc:
-            raise ValueError(f"{path}: cannot read image ({exc})") from exc
+        except _IMAGE_ERRORS as exc:
+            raise UnreadableDocument(path.parent, f"cannot read image {path.name} ({exc})") from exc
         size = fit_to_budget(*image.size, min_pixels, max_pixels)
         text, source = "", "none"
         if ocr.wants(text):

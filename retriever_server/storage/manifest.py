@@ -11,6 +11,13 @@ A page's ``page`` is its position in the document (1..n, what the wire's page id
 an image folder whose file names number the images also records that number, ``source_number``
 (``ingest.image_numbers``; written only when set, so other manifests are unchanged): a folder
 missing slide 3 serves slides 1, 2, 4, ... as pages 1, 2, 3, ..., with source numbers 1, 2, 4.
+
+``skipped`` lists the documents the build found but could not read (``indexing/unreadable.py``),
+each ``{"source": path, "reason": why}``; written only when there are some (an index without is
+written as before), read as ``[]`` when absent.
+
+``read_manifest`` names the index directory in every error, and a manifest that is not JSON, or
+lacks a field, is a ValueError saying so (never a KeyError or a bare JSON decoder message).
 """
 
 from __future__ import annotations
@@ -79,12 +86,16 @@ class Manifest:
     backend: dict
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
+    # Documents found but not indexed because they could not be read: {"source", "reason"}.
+    skipped: list[dict] = field(default_factory=list)
 
     def to_json(self) -> str:
         data = asdict(self)
         for page in data["pages"]:
             if page["source_number"] is None:  # keeps manifests without numbers as they were
                 del page["source_number"]
+        if not data["skipped"]:  # likewise for indexes that skipped nothing
+            del data["skipped"]
         return json.dumps(data, ensure_ascii=False, indent=1)
 
     def source_numbers(self) -> dict[str, list[int]]:
@@ -99,15 +110,23 @@ class Manifest:
 
     @classmethod
     def from_json(cls, raw: str) -> "Manifest":
-        data = json.loads(raw)
-        if data.get("format") != FORMAT:
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise ValueError(f"{MANIFEST_NAME} is not valid JSON ({exc}); re-run `vrag-retriever index`") from exc
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError("not a vrag-retriever index (manifest format mismatch)")
         if data.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"index format version {data.get('format_version')} is not supported "
                              f"(this build reads version {FORMAT_VERSION}); re-run `vrag-retriever index`")
-        manifest = cls(docs=[DocEntry(**d) for d in data["docs"]],
-                       pages=[PageEntry(**p) for p in data["pages"]],
-                       settings=data["settings"], backend=data["backend"])
+        try:
+            manifest = cls(docs=[DocEntry(**d) for d in data["docs"]],
+                           pages=[PageEntry(**p) for p in data["pages"]],
+                           settings=data["settings"], backend=data["backend"],
+                           skipped=list(data.get("skipped", [])))
+        except (KeyError, TypeError) as exc:  # a field missing, unknown or of the wrong shape
+            raise ValueError(f"{MANIFEST_NAME} lacks or garbles a field ({type(exc).__name__}: {exc}); "
+                             f"re-run `vrag-retriever index`") from exc
         manifest.check()
         return manifest
 
@@ -129,6 +148,9 @@ class Manifest:
         for entry in self.pages:
             if not IMAGE_NAME_RE.match(entry.image):
                 raise ValueError(f"manifest: refusing image name {entry.image!r}")
+        if not all(isinstance(s, dict) and isinstance(s.get("source"), str) and isinstance(s.get("reason"), str)
+                   for s in self.skipped):
+            raise ValueError("manifest: each skipped entry must be {\"source\": str, \"reason\": str}")
 
 
 def _check_source_numbers(doc_id: str, numbers: list) -> None:
@@ -165,8 +187,11 @@ def read_manifest(index_dir: Path, dir_fd: int | None = None) -> Manifest:
         fd = None
     if fd is None:
         raise FileNotFoundError(f"{index_dir}: no {MANIFEST_NAME}; not an index directory")
-    with open(fd, encoding="utf-8") as f:
-        return Manifest.from_json(f.read())
+    try:
+        with open(fd, encoding="utf-8") as f:
+            return Manifest.from_json(f.read())
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise ValueError(f"{index_dir}: {exc}") from exc
 
 
 def write_manifest(index_dir: Path, manifest: Manifest) -> None:

@@ -2,7 +2,8 @@
 public sets' layouts (ViDoSeek: corpus scope by default; MMLongBench-Doc: document scope), each
 evaluated in both scopes against the real retriever with the tiny model; every question gets its
 record and the report its table; the retrieval recall of a saved episode equals a count made
-here from the saved batch alone; an interrupted evaluation resumes; another protocol is refused."""
+here from the saved batch alone; an interrupted evaluation (two samples per question) resumes,
+saying what it found; another protocol is refused."""
 
 from __future__ import annotations
 
@@ -80,20 +81,30 @@ def test_evaluate_two_sets_in_both_scopes(layout, tmp_path, sample_index, tiny_m
 
 
 def test_an_interrupted_evaluation_resumes_and_another_protocol_is_refused(tmp_path, sample_index, tiny_model_dir,
-                                                                            tiny_llm):
+                                                                            tiny_llm, capsys):
+    """Two samples per question (pass@k): a resume says what it found, and another n is refused."""
     data, _ = converted("vidoseek", tmp_path, sample_index)
-    out, protocol = tmp_path / "eval", Protocol(max_turns=2, response_length=512)
-    run = dict(data=data, model=str(tiny_model_dir), index=sample_index, grammar=True, batch_size=1, llm=tiny_llm,
-               progress=False)
+    out, protocol = tmp_path / "eval", Protocol(max_turns=2, response_length=512, n=2, temperature=1.0)
+    run = dict(data=data, model=str(tiny_model_dir), index=sample_index, grammar=True, batch_size=1, llm=tiny_llm)
     run_evaluation(out, protocol=protocol, limit=1, **run)  # stopped after the first question
+    said = capsys.readouterr().out
+    assert "evaluating 1 question (2 samples each) in 1 batch of up to 1" in said
+    assert "batch 1 of 1: 1 of 1 questions done" in said and "resuming" not in said
     first = records_of(out)
-    assert len(first) == 1
-    run_evaluation(out, protocol=protocol, **run)
+    assert [(r["question_id"], r["sample"]) for r in first] == [(first[0]["question_id"], 0),
+                                                                (first[0]["question_id"], 1)]
+    report = run_evaluation(out, protocol=protocol, **run)
+    said = capsys.readouterr().out
+    assert "resuming: 1 of 2 questions done, 1 to go" in said and "batch 1 of 1: 2 of 2 questions done" in said
     again = records_of(out)
-    assert len(again) == len(facts()) and again[0] == first[0]  # kept, not rolled out again
+    assert len(again) == 2 * len(facts()) and again[:2] == first  # kept, not rolled out again
     assert sorted(p.name for p in (out / "episodes").glob("*.pt")) == ["batch-0001.pt", "batch-0002.pt"]
-    with pytest.raises(JobInputError, match="protocol"):
-        run_evaluation(out, protocol=Protocol(max_turns=3, response_length=512), **run)
+    bench = report["benchmarks"]["vidoseek"]
+    assert (bench["questions"], bench["samples"], bench["pass_at_k"]["k"]) == (len(facts()), 2 * len(facts()), 2)
+    assert bench["pass_at_k"]["scores"]["accuracy"] >= bench["scores"]["accuracy"]
+    assert "pass@2 accuracy" in (out / "report.md").read_text()
+    with pytest.raises(JobInputError, match="protocol.n"):
+        run_evaluation(out, protocol=Protocol(max_turns=2, response_length=512, n=3, temperature=1.0), **run)
 
 
 def test_the_vidoseek_judge_is_recorded_beside_the_rule_based_scores(tmp_path, sample_index, tiny_model_dir,

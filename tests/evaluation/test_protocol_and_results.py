@@ -57,6 +57,15 @@ def test_protocol_switches_decide_what_counts():
     assert default.excluded_by(answered=False, answerable=False) is None
 
 
+def test_samples_per_question_need_a_temperature():
+    assert (Protocol().n, Protocol().temperature) == (1, 0.0)  # greedy, one sample: as the papers score
+    assert Protocol(n=4, temperature=0.7).to_dict()["n"] == 4
+    for bad, says in (({"n": 0}, "n must be"), ({"n": True}, "n must be"), ({"temperature": -0.5}, "temperature"),
+                      ({"n": 2}, "the same answer")):  # greedy draws one answer n times
+        with pytest.raises(ValueError, match=says):
+            Protocol(**bad)
+
+
 # ---- results.jsonl ----
 def test_results_resume_keeps_records_and_drops_a_cut_line(tmp_path):
     header = {"protocol": Protocol().to_dict(), "data": "d.parquet", "model": "m"}
@@ -81,6 +90,20 @@ def test_a_bad_middle_line_is_skipped_and_a_repeated_question_keeps_its_first_re
                                '{"question_id": "b", "x": 2}', '{"question_id": "a", "x": 9}']) + "\n")
     with ResultsFile.open(path, header) as found:
         assert [(r["question_id"], r["x"]) for r in found.records] == [("a", 1), ("b", 2)] and found.skipped == 1
+
+
+def test_samples_of_one_question_are_kept_apart_and_a_question_is_complete_with_all(tmp_path):
+    path = tmp_path / "results.jsonl"
+    with ResultsFile.open(path, {"protocol": {}, "data": "d", "model": "m"}) as first:
+        first.append([{"question_id": "a", "sample": 0}, {"question_id": "a", "sample": 1},
+                      {"question_id": "b", "sample": 0}])  # b's second sample was cut off
+        assert first.complete(2) == {"a"} and first.complete(1) == {"a", "b"}
+        # b rolled out again: the sample already there keeps its first record
+        first.append([{"question_id": "b", "sample": 0, "again": True}, {"question_id": "b", "sample": 1}])
+    with ResultsFile.open(path, {"protocol": {}, "data": "d", "model": "m"}) as again:
+        assert [(r["question_id"], r["sample"], "again" in r) for r in again.records] == [
+            ("a", 0, False), ("a", 1, False), ("b", 0, False), ("b", 1, False)]
+        assert again.complete(2) == {"a", "b"}
 
 
 def test_results_refuse_another_protocol(tmp_path):

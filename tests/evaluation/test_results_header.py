@@ -30,7 +30,8 @@ def header(**protocol) -> dict:
 HEADERS = {"with a judge": header(judge=JUDGE, search_required=True, scope="corpus"), "without": header()}
 
 # Each input of `run_evaluation`: the header fields that record it, or why it cannot change a score.
-RECORDED = {"data": ("data", "data_sha256"), "model": ("model", "model_fingerprint"), "protocol": ("protocol",),
+RECORDED = {"data": ("data", "data_sha256"), "model": ("model", "model_fingerprint"),
+            "family": ("model", "model_fingerprint"), "protocol": ("protocol",),
             "index": ("index",), "retriever_url": ("index",), "grammar": ("grammar",),
             "judge_model": ("protocol.judge",)}
 NOT_SCORED = {
@@ -39,7 +40,7 @@ NOT_SCORED = {
     "batch_size": "greedy decoding; a resume batches the questions left anyway (docs/evaluation.md)",
     "llm": "a running engine of the same model (tests)",
     "judge_llm": "a running engine of the same judge (tests)",
-    "progress": "the progress bar",
+    "progress": "the progress lines",
 }
 
 
@@ -80,7 +81,8 @@ def test_a_resume_with_any_header_field_changed_is_refused_naming_it(variant, tm
     path = tmp_path / "results.jsonl"
     ResultsFile.open(path, first).close()
     names = [name for name, _ in leaves(first)]
-    assert {"protocol.max_turns", "protocol.search_required", "index.version", "model_fingerprint"} <= set(names)
+    assert {"protocol.max_turns", "protocol.search_required", "index.version", "model_fingerprint",
+            "protocol.n", "protocol.temperature"} <= set(names)  # a resume with another n or temperature too
     for name, value in leaves(first):
         mutated = with_field(first, name, changed(value))
         with pytest.raises(ResultsMismatch) as refused:

@@ -24,7 +24,7 @@ def test_sample_corpus_then_index(tmp_path, capsys):
 
 
 def test_index_errors_are_reported_not_raised(tmp_path, capsys):
-    assert main(["index", str(tmp_path / "nothing.pdf"), "--out", str(tmp_path / "idx")]) == 1
+    assert main(["index", str(tmp_path / "nothing.pdf"), "--out", str(tmp_path / "idx")]) == 2
     assert "no such file" in capsys.readouterr().err
 
 
@@ -35,12 +35,12 @@ def test_serve_refuses_public_bind_without_key(tmp_path, capsys):
 
 def test_serve_reports_a_missing_index(tmp_path, capsys):
     # issue 33, item 10: a path that is not there is said to be not there, not to lack a manifest
-    assert main(["serve", "--index", str(tmp_path / "none")]) == 1
+    assert main(["serve", "--index", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / 'none'}: does not exist; build one with `vrag-retriever index DOCS --out" in err, err
     assert "manifest" not in err
     (tmp_path / "empty").mkdir()
-    assert main(["serve", "--index", str(tmp_path / "empty")]) == 1
+    assert main(["serve", "--index", str(tmp_path / "empty")]) == 2
     assert "no manifest.json, so not a retriever index" in capsys.readouterr().err
 
 
@@ -49,7 +49,7 @@ def test_an_out_that_is_not_an_index_is_refused_naming_one_that_works(tmp_path, 
     of PDFs) is refused, and the --out the refusal names works as printed."""
     assert main(["sample-corpus", str(tmp_path / "mydocs")]) == 0
     capsys.readouterr()
-    assert main(["index", str(tmp_path / "mydocs"), "--out", str(tmp_path / "mydocs")]) == 1
+    assert main(["index", str(tmp_path / "mydocs"), "--out", str(tmp_path / "mydocs")]) == 2
     err = capsys.readouterr().err
     assert "exists and is not an index" in err, err
     suggested = re.search(r"e\.g\. --out (\S+)", err)

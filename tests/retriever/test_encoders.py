@@ -124,7 +124,7 @@ def test_guard_refuses_another_encoder(base, tmp_path):
 def test_serve_and_open_backend_refuse_another_encoder(base, tmp_path, capsys, monkeypatch):
     index = dense_index(base)
     other = f"colqwen2:{tiny_colqwen2(tmp_path, seed=1)}"
-    assert main(["serve", "--index", str(index), "--encoder", other]) == 1
+    assert main(["serve", "--index", str(index), "--encoder", other]) == 2
     assert "built for encoder" in capsys.readouterr().err
     monkeypatch.setenv(ENV_ENCODER, other)
     with pytest.raises(EncoderMismatch):
@@ -133,7 +133,7 @@ def test_serve_and_open_backend_refuse_another_encoder(base, tmp_path, capsys, m
 
 def test_serve_refuses_an_encoder_for_a_bm25_index(sample_index, base, capsys):
     assert main(["serve", "--index", str(sample_index), "--encoder",
-                 f"colqwen2:{tiny_colqwen2(base)}"]) == 1
+                 f"colqwen2:{tiny_colqwen2(base)}"]) == 2
     assert "without an encoder" in capsys.readouterr().err
 
 
@@ -163,12 +163,12 @@ def test_cli_index_with_an_encoder(base, sample_pdfs, tmp_path, capsys):
     info = read_manifest(out).backend
     assert (info["kind"], info["search"], info["qdrant"]["path"]) == ("qdrant", "dense", "qdrant")
     assert main(["index", str(sample_pdfs[0]), "--out", str(tmp_path / "x"),
-                 "--backend", "qdrant"]) == 1
+                 "--backend", "qdrant"]) == 2
     assert "needs --encoder" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.process
 def test_serve_refuses_several_workers_on_a_local_qdrant_index(base, capsys):
-    assert main(["serve", "--index", str(dense_index(base)), "--workers", "2"]) == 1
+    assert main(["serve", "--index", str(dense_index(base)), "--workers", "2"]) == 2
     assert "local mode" in capsys.readouterr().err

@@ -116,3 +116,20 @@ def _one_row_output(retriever_errors: int = 0, bad_requests: int = 0):
                      "retriever_errors": np.array([retriever_errors]), "bad_requests": np.array([bad_requests]),
                      "image_regions": object_array([[None]])},
         meta_info={"metrics": {}})
+
+
+def test_the_summary_shows_each_episodes_reward_and_answer_and_corpus_rows(capsys):
+    """Issue 48, item 4: a scored batch's table has a reward and an answer column; a question that
+    searches the whole corpus shows `(corpus)`, not Python's None."""
+    from vrag_rollout.devkit.episode_table import print_summary
+    from vrag_rollout.protocol import object_array
+
+    output = _one_row_output()
+    output.non_tensor_batch["doc_id"] = object_array([None])
+    output.non_tensor_batch["reward"] = object_array([{"overall": 0.55, "accuracy": 1.0}])
+    output.non_tensor_batch["answer"] = object_array(["the car park by the north gate, level 2"])
+    print_summary(output)
+    header, row, _ = capsys.readouterr().out.splitlines()
+    assert header.split()[8:11] == ["obs", "reward", "answer"]
+    assert row.split()[1] == "(corpus)" and "None" not in row
+    assert " 0.550 " in row and '"the car park by the n…"' in row and row.rstrip().endswith("d_1")

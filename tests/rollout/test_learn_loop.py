@@ -214,7 +214,8 @@ def test_eval_batch_passes_the_forward_check_on_final_and_fails_on_the_initial_m
 
 
 def test_your_own_questions_with_data(tmp_path, tiny_model_dir, tiny_processor, tiny_llm, original, run):
-    """`--data`: the first rows of a converted dataset, scored against their own ground truths, no grammar."""
+    """`--data`: the first rows of a converted dataset, scored against their own ground truths; the
+    tiny model acts under the acting grammar and some group shows a reward difference within 4 steps."""
     from vrag_rollout.data.dataset import convert_dataset
 
     rows = [{"uid": f"q{i}", "query": query, "reference_answer": answer,
@@ -223,13 +224,26 @@ def test_your_own_questions_with_data(tmp_path, tiny_model_dir, tiny_processor, 
                                                             ("What is E42?", "firmware reset", "product_guide", 4),
                                                             ("unused", "x", "annual_report", 1)])]
     (tmp_path / "qa.json").write_text(json.dumps(rows))
-    convert_dataset(tmp_path / "qa.json", tmp_path / "train.parquet")
+    from vrag_rollout.devkit.demo import cache_dir, prepare_index
+
+    # converted against the index, as the README says: its page counts bound the pages a fetch asks for
+    convert_dataset(tmp_path / "qa.json", tmp_path / "train.parquet", index_dir=prepare_index(cache_dir()))
     sync_weights(tiny_llm, original)
-    result = run_learn(tmp_path / "out", steps=2, batch_size=2, n=2, response_length=64, model_dir=tiny_model_dir,
-                       processor=tiny_processor, llm=tiny_llm, retriever=fixture_retriever(), progress=False,
+    from tests.conftest import SAMPLE_RETRIEVAL
+    from vrag_rollout.retrieval.client import RetrieverClient
+    from vrag_rollout.retrieval.fixtures import FixtureTransport
+
+    # the grammar's searches are random words: replayed as unrecorded (an error observation), its fetches recorded
+    retriever = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL, strict=False))
+    result = run_learn(tmp_path / "out", steps=4, batch_size=2, n=2, response_length=96, model_dir=tiny_model_dir,
+                       processor=tiny_processor, llm=tiny_llm, retriever=retriever, progress=False,
                        data=tmp_path / "train.parquet", evaluate=False)
-    assert result["agent"].config.action_regex is None
-    assert len(result["records"]) == 2 and all(r["logprob_gap_max"] <= SYNC_TOLERANCE for r in result["records"])
+    records = result["records"]
+    # the tiny model acts under rollout's acting grammar: it retrieves, and some group's samples differ
+    assert result["agent"].config.action_regex and result["agent"].config.first_turn_action_regex
+    assert all(r["pages_shown_mean"] > 0 for r in records), records
+    assert any(r["advantage_std"] > 0 for r in records), records
+    assert len(records) == 4 and all(r["logprob_gap_max"] <= SYNC_TOLERANCE for r in records)
     assert result["questions"] == ["Where is the muster point?", "What is E42?"]
     assert result["truths"] == [{"answer": "car park", "doc_id": "safety_manual", "gold_pages": [4]},
                                 {"answer": "firmware reset", "doc_id": "product_guide", "gold_pages": [4]}]
@@ -289,8 +303,15 @@ def test_the_command_refuses_settings_it_cannot_learn_from(flag, value, message,
     assert not any(tmp_path.iterdir())  # refused before anything ran or was written
 
 
-def test_a_run_with_no_reward_difference_in_any_group_says_it_learned_nothing():
-    flat = [{"advantage_std": 0.0}] * 3
-    assert "no step had a reward difference" in no_signal(flat)
-    assert "the step had" in no_signal(flat[:1])
-    assert no_signal(flat + [{"advantage_std": 0.4}]) is None and no_signal([]) is None
+def test_a_run_with_no_reward_difference_in_any_group_says_what_the_rewards_show():
+    parts = {"reward_accuracy": 0.0, "reward_f1": 0.0, "reward_format": 0.0, "reward_retrieval": 0.0}
+    idle = [{"advantage_std": 0.0, **parts, "turns_mean": 1.0, "pages_shown_mean": 0.0}] * 3
+    said = no_signal(idle)
+    assert said.startswith("no step had any reward difference") and "never wrote an action" in said
+    assert "--grammar" in said and "accuracy 0.00, f1 0.00, format 0.00, retrieval 0.00" in said
+    assert no_signal(idle[:1]).startswith("the step had no reward difference")
+    acting = [{**idle[0], "turns_mean": 3.0, "pages_shown_mean": 2.0}]
+    assert "no answer matched and no gold page was shown" in no_signal(acting)
+    alike = [{**acting[0], "reward_format": 1.0}]
+    assert "format 1.00" in no_signal(alike) and "more samples (--n)" in no_signal(alike)
+    assert no_signal(idle + [{"advantage_std": 0.4}]) is None and no_signal([]) is None

@@ -102,6 +102,7 @@ from pydantic_core import PydanticCustomError
 
 from retriever_server.indexing.suggest import no_index_at
 
+from .question_text import question_text
 from .json_numbers import SourceNumber, loads
 from ..formats import FORMATS
 from ..formats.base import SCOPES
@@ -175,7 +176,7 @@ class _Question(BaseModel):
     uid: Annotated[str, BeforeValidator(_uid_text)]  # one error path ("uid"), not one per union member
     query: str = Field(min_length=1)
     reference_answer: Annotated[str, BeforeValidator(_answer_text), Field(min_length=1)]
-    meta_info: _Meta
+    meta_info: Optional[_Meta] = None  # None: an open-domain question, no document known (corpus scope only)
 
 
 @dataclass
@@ -228,7 +229,7 @@ def _one_object(value: dict) -> str:
 
 
 def _records(path: Path) -> Iterator[tuple[str, Any]]:
-    text = Path(path).read_text(encoding="utf-8-sig")  # -sig: files saved on Windows often start with a BOM
+    text = question_text(path)  # a clear message for a PDF, a parquet file or non-UTF-8 bytes
     lines = text.splitlines()
     first = next((number for number, line in enumerate(lines, start=1) if line.strip()), 1)
     start = text.lstrip()[:1]
@@ -293,7 +294,7 @@ def _question(where: str, record: Any, page_base: int) -> _Question:
         path = ".".join(str(part) for part in first["loc"]) or "<row>"
         message = _field_message(first)
         raise DatasetError(where, path, message + layout_hint(record, "vidoseek", message)) from None
-    for position, page in enumerate(question.meta_info.reference_page):
+    for position, page in enumerate(question.meta_info.reference_page if question.meta_info is not None else ()):
         if page < page_base:
             hint = " (a 0-based source? convert it with --page-base 0)" if page_base == 1 else ""
             raise DatasetError(where, f"meta_info.reference_page.{position}",
@@ -438,9 +439,16 @@ def convert_rows(path: Path, *, page_base: int = 1, documents: Optional[dict] = 
                                f"duplicate {'question id' if source else 'uid'} {qid!r} (first at {seen[qid]})")
         seen[qid] = where
         report.rows += 1
-        doc_id = source["doc_id"] if source else Path(question.meta_info.file_name).stem
-        pages = sorted({page - page_base + 1 for page in question.meta_info.reference_page})
-        if documents is not None:
+        if source is None and question.meta_info is None:
+            if scope != "corpus":
+                raise DatasetError(where, "meta_info", "missing: a question with no document of its own converts "
+                                                       "with --scope corpus only (it searches the whole index; no "
+                                                       "gold page, so its retrieval is not scored)")
+            doc_id, pages = None, []
+        else:
+            doc_id = source["doc_id"] if source else Path(question.meta_info.file_name).stem
+            pages = sorted({page - page_base + 1 for page in question.meta_info.reference_page})
+        if documents is not None and doc_id is not None:
             if doc_id not in documents:
                 report.missing_documents.append({"question_id": qid, "doc_id": doc_id, "where": where})
                 if drop_missing:
@@ -498,7 +506,8 @@ def evaluation_fields(question: _Question, source: Optional[dict]) -> dict:
 
     if source is not None:
         return dict((question.model_extra or {}).get("_eval") or {"answer_format": None, "categories": {}})
-    return {"answer_format": None, "categories": vidoseek_categories(question.meta_info.model_extra or {})}
+    extra = question.meta_info.model_extra if question.meta_info is not None else None
+    return {"answer_format": None, "categories": vidoseek_categories(extra or {})}
 
 
 def index_documents(index_dir: Path) -> dict:

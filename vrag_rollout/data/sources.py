@@ -98,6 +98,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
 
+from .question_text import question_text
 from .json_numbers import loads, number_text
 
 SOURCE_FORMATS = ("vidoseek", "slidevqa", "mmlongbench-doc", "mmdocir", "longdocurl")
@@ -146,7 +147,7 @@ def _kind_of(value: Any) -> str:
 def _items(path: Path, wrappers: tuple = ()) -> Iterator[tuple[str, Any]]:
     """The rows of a JSON array ("item N"), of an object holding one under a `wrappers` key, or of
     JSON Lines ("line N"; one object per line, blank lines skipped)."""
-    text = Path(path).read_text(encoding="utf-8-sig")
+    text = question_text(path)  # a clear message for a PDF, a parquet file or non-UTF-8 bytes
     lines = text.splitlines()
     whole: Any = None
     if text.lstrip()[:1] in ("[", "{"):

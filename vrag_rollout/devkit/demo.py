@@ -65,11 +65,18 @@ def turn_regex(action_format: str, query: str, max_page: int, answer: bool = Tru
     return fmt.regex_turn(_THOUGHT, calls, _ANSWER if answer else None)
 
 
-def acting_grammar(action_format: str, query: str, max_page: int) -> dict:
+def acting_grammar(action_format: str, query: str, max_page: int, corpus: bool = False) -> dict:
     """The config fields that make a random model act: a first turn that must search or fetch
-    (so every episode retrieves), and later turns that search, fetch or answer."""
-    return {"first_turn_action_regex": turn_regex(action_format, query, max_page, answer=False),
+    (so every episode retrieves; in corpus scope it must search, since a fetch reads the
+    document of the last page shown and none has been), and later turns that search, fetch or
+    answer."""
+    return {"first_turn_action_regex": turn_regex(action_format, query, max_page, answer=False, fetch=not corpus),
             "action_regex": turn_regex(action_format, query, max_page)}
+
+
+def in_corpus_scope(samples: Any) -> bool:
+    """Whether any question searches the whole corpus (no document of its own)."""
+    return any(getattr(sample, "doc_id", None) is None for sample in samples)
 
 
 # A later turn of the region demo looks closer or answers, and the thought decides which: the
@@ -250,15 +257,18 @@ def demo_truth(sample: PromptSample) -> dict:
 
 def add_truths_and_rewards(output: Any, tokenizer: Any, truths: list) -> None:
     """Columns the viewer and readers of the saved batch use: each row's `ground_truth` (the
-    JSON the reward reads, its prompt's) and `reward` (`core.reward`'s overall and parts)."""
+    JSON the reward reads, its prompt's), `reward` (`core.reward`'s overall and parts) and
+    `answer` (the episode's last `<answer>`, None without one)."""
     import json
 
     from ..protocol import object_array
-    from ..training.learn import episode_scores
+    from ..core.reward import last_answer
+    from ..training.learn import episode_scores, episode_texts
 
     n = len(output) // len(truths)
     output.non_tensor_batch["ground_truth"] = object_array([json.dumps(truths[row // n]) for row in range(len(output))])
     output.non_tensor_batch["reward"] = object_array(episode_scores(output, tokenizer, truths))
+    output.non_tensor_batch["answer"] = object_array([last_answer(text) for text in episode_texts(output, tokenizer)])
 
 
 def finish_demo(output: Any, out_path: Path, *, processor: Any, model_dir: Path, config: AgentRolloutConfig) -> dict:

@@ -1,17 +1,25 @@
 """`vrag-rollout evaluate`: a checkpoint scored the way each benchmark's paper scores it.
 
-Contract: `run_evaluation(out, data=, model=, index= | retriever_url=, protocol=, ...)` reads a
-converted benchmark file (`convert-dataset --from SET`, either layout; its `eval` column names the
-set, the question's document, its answer format and the set's own categories), rolls the
-checkpoint out greedily (one sample per question, temperature 0) with the agent in batches of
-`batch_size` against the retriever, and appends one record per question to `out/results.jsonl`
-(`evaluation.results`: the answer, how the episode ended, its pages, each metric of the set's
-scorer, the retrieval metrics and, for ViDoSeek with a judge, the judge's verdict). Each batch
-is saved (`out/episodes/batch-NNNN.pt`, the saved-batch format) with its HTML view beside it.
-An interrupted run continues from `results.jsonl`: questions already there are not rolled out
-again, and a file written under another header is refused (`results_header`: every input that can
-change a score, the index searched among them, `index_identity`). At the end it writes
-`report.json` and `report.md` (`evaluation.report`) and returns the report.
+Contract: `run_evaluation(out, data=, model= | family=, index= | retriever_url=, protocol=, ...)`
+reads a converted benchmark file (`convert-dataset --from SET`, either layout; its `eval` column
+names the set, the question's document, its answer format and the set's own categories), rolls
+the model out with the agent in batches of `batch_size` questions against the retriever
+(`protocol.n` samples per question at `protocol.temperature`: by default one, greedily), and
+appends one record per sample to `out/results.jsonl` (`evaluation.results`: the answer, how the
+episode ended, its pages, each metric of the set's scorer, the retrieval metrics and, for
+ViDoSeek with a judge, the judge's verdict). Each batch is saved (`out/episodes/batch-NNNN.pt`,
+the saved-batch format) with its HTML view beside it. An interrupted run continues from
+`results.jsonl`: questions with all their samples there are not rolled out again, and a file
+written under another header is refused (`results_header`: every input that can change a score,
+the index searched among them, `index_identity`). At the end it writes `report.json` and
+`report.md` (`evaluation.report`) and returns the report. With `progress` it prints what it will
+do, what a resume found done, and a line per batch (`evaluation.progress`).
+
+The model: `model`, a local checkpoint of a supported family, or without it the tiny random
+model of `family` (default qwen2-vl), built offline as `rollout` builds it. `grammar` (None: on
+for the tiny model, off for a checkpoint, as in `rollout`) confines every turn to a well-formed
+action; the tiny model without it almost never acts, and a warning says so. The header records
+the model by its absolute path and its weights' fingerprint, and whether the grammar was on.
 
 The protocol (`evaluation.protocol.Protocol`) is explicit: `scope` overrides the data's scope
 (corpus: every question searches the whole index; document: its own document, the one the
@@ -83,8 +91,9 @@ def in_scope(sample: Any, info: dict, scope: Optional[str], action_format: str, 
 
 
 def question_record(question_id: str, info: dict, sample: Any, truth: dict, text: str, row: dict,
-                    protocol: Any, judge: Optional[dict]) -> dict:
-    """One question's line of `results.jsonl` (pure, given the decoded response and its columns)."""
+                    protocol: Any, judge: Optional[dict], draw: int = 0) -> dict:
+    """One sample's line of `results.jsonl` (pure, given the decoded response and its columns);
+    `draw` numbers the question's samples from 0."""
     from ..core.reward import last_answer
     from ..evaluation.retrieval import retrieval_metrics
     from ..evaluation.scorers import scorer_for
@@ -102,7 +111,7 @@ def question_record(question_id: str, info: dict, sample: Any, truth: dict, text
     if answer is not None and protocol.requires_search(info["set"]):  # VRAG-RL's rule
         metrics = {**metrics, "unsearched": 0.0} if did_search else without_search(metrics)
     turn_pages = [list(turn) for turn in row["turn_page_ids"]]
-    return {"question_id": question_id, "set": info["set"], "question": sample.question,
+    return {"question_id": question_id, "sample": draw, "set": info["set"], "question": sample.question,
             "document": info["document"], "scope": "corpus" if sample.doc_id is None else "document",
             "reference": truth["answer"], "answerable": info["answerable"], "answer_format": info["answer_format"],
             "categories": info["categories"], "answer": answer, "response": text,
@@ -185,17 +194,27 @@ class Judge:
                 for text in greedy_texts(self.llm, prompts, self.MAX_TOKENS)]
 
 
-def run_evaluation(out: Path, *, data: Path, model: str, protocol: Any, index: Optional[Path] = None,
-                   retriever_url: Optional[str] = None, batch_size: int = 8, limit: Optional[int] = None,
-                   grammar: bool = False, judge_model: Optional[str] = None, llm: Any = None,
-                   judge_llm: Any = None, progress: bool = True) -> dict:
+TINY_WITHOUT_GRAMMAR = ("the tiny random model will not act without --grammar: it almost never writes a "
+                        "well-formed search, fetch or answer, so its scores say nothing")
+
+
+def run_evaluation(out: Path, *, data: Path, protocol: Any, model: Optional[str] = None,
+                   family: Optional[str] = None, index: Optional[Path] = None, retriever_url: Optional[str] = None,
+                   batch_size: int = 8, limit: Optional[int] = None, grammar: Optional[bool] = None,
+                   judge_model: Optional[str] = None, llm: Any = None, judge_llm: Any = None,
+                   progress: bool = True) -> dict:
     """The job (module docstring); `llm`/`judge_llm`: running engines of the same models (tests)."""
+    import sys
+
     from ..data.questions import written_for
+    from ..evaluation.progress import resume_line
     from ..evaluation.results import ResultsBusy, ResultsFile, ResultsMismatch
     from .demo import demo_model
     from .rollout_job import page_counts_of
 
-    if (index is None) == (retriever_url is None):
+    if index is not None and retriever_url is not None:
+        raise JobInputError("pass only one retriever: --index DIR (served for the run) or --retriever-url URL")
+    if index is None and retriever_url is None:
         raise JobInputError("name the retriever: --index DIR (served for the run) or --retriever-url URL")
     samples, truths, infos = read_benchmark(Path(data))
     if limit is not None:
@@ -207,19 +226,24 @@ def run_evaluation(out: Path, *, data: Path, model: str, protocol: Any, index: O
     check_retriever(RetrieverSource(index=index, url=retriever_url), [s.doc_id for s in samples],
                     page_counts_of(Path(data), len(samples)) if protocol.scope != "corpus" else None, "fail")
     try:
-        model_dir, _family = demo_model(None, model)
+        model_dir, _family = demo_model(family, model)
     except (FileNotFoundError, ValueError) as error:
         raise JobInputError(str(error)) from error
+    model_dir = Path(model_dir).resolve()  # the header names the weights wherever the run started
+    grammar = model is None if grammar is None else bool(grammar)
+    if model is None and not grammar:
+        print(f"warning: {TINY_WITHOUT_GRAMMAR}", file=sys.stderr)
     judge = Judge(judge_model, judge_llm) if judge_model else None
     if judge is not None:  # the report records the judge, its weights and its pinned prompt
         from ..evaluation.scorers.vidoseek import JUDGE_PROMPT, JUDGE_PROMPT_VERSION
 
-        protocol = replace(protocol, judge={"model": str(judge_model), "fingerprint": _fingerprint(judge_model),
+        protocol = replace(protocol, judge={"model": str(Path(judge_model).resolve()),
+                                            "fingerprint": _fingerprint(judge_model),
                                             "prompt_version": JUDGE_PROMPT_VERSION, "prompt": JUDGE_PROMPT})
     header = results_header(protocol, data=str(Path(data).resolve()), data_sha256=_digest(Path(data)),
                             model=str(model_dir), model_fingerprint=_fingerprint(model_dir),
                             scopes=sorted({"corpus" if s.doc_id is None else "document" for s in samples}),
-                            grammar=bool(grammar), index=index_identity(index, retriever_url))
+                            grammar=grammar, index=index_identity(index, retriever_url))
     out = Path(out)
     try:
         results = ResultsFile.open(out / RESULTS, header)
@@ -228,7 +252,10 @@ def run_evaluation(out: Path, *, data: Path, model: str, protocol: Any, index: O
     question_ids = _question_ids(Path(data), len(samples))
     run = _Run(out, model_dir, protocol, samples, truths, infos, question_ids, fmt, region, judge)
     with results:
-        todo = [k for k, qid in enumerate(question_ids) if qid not in results.done]
+        complete = results.complete(protocol.n)
+        todo = [k for k, qid in enumerate(question_ids) if qid not in complete]
+        if progress and len(todo) < len(question_ids):  # a resume: say what it found
+            print(resume_line(len(question_ids) - len(todo), len(question_ids)), flush=True)
         if todo:
             run.roll_out(todo, results, index=index, retriever_url=retriever_url, batch_size=batch_size,
                          grammar=grammar, llm=llm, progress=progress)
@@ -307,7 +334,7 @@ class _Run:
         from .rollout_job import default_prompt_length, grammar_max_page
 
         p = self.protocol
-        overrides = dict(n=1, temperature=p.temperature, seed=p.seed, max_turns=p.max_turns,
+        overrides = dict(n=p.n, temperature=p.temperature, seed=p.seed, max_turns=p.max_turns,
                          response_length=p.response_length, top_n=p.top_n, action_format=self.action_format,
                          region_action=self.region, prompt_length=default_prompt_length(self.action_format),
                          action_regex=None, first_turn_action_regex=None, calculate_log_probs=False)
@@ -319,32 +346,40 @@ class _Run:
     def roll_out(self, todo: list[int], results: Any, *, index: Optional[Path], retriever_url: Optional[str],
                  batch_size: int, grammar: bool, llm: Any, progress: bool) -> None:
         """Roll `todo` (row numbers) out in batches, appending each batch's records to `results`."""
-        from tqdm import tqdm
+        import time
+
         from transformers import AutoProcessor
 
         from ..data.prompts import build_prompts
         from ..engine.llm import configure_cpu_defaults
+        from ..evaluation.progress import batch_line, plan_line
         from ..rollout.agent import vLLMRolloutAgent
         from .demo import demo_config
 
+        say = (lambda line: print(line, flush=True)) if progress else (lambda line: None)
         configure_cpu_defaults()
         processor = AutoProcessor.from_pretrained(self.model_dir)
         (self.out / EPISODES).mkdir(parents=True, exist_ok=True)
+        total, done_before = len(self.samples), len(self.samples) - len(todo)
+        batches = -(-len(todo) // batch_size)
+        say(plan_line(len(todo), self.protocol.n, batch_size))
         with ExitStack() as stack:
             if index is not None:
                 from retriever_server.api.testing import serve_in_thread
 
                 retriever_url = stack.enter_context(serve_in_thread(Path(index)))
             config = demo_config(retriever_url=retriever_url, **self.config_overrides(processor, grammar, index))
+            if llm is None:
+                say(f"starting vLLM with {self.model_dir} (the first batch waits for it)")
             agent = vLLMRolloutAgent(str(self.model_dir), config, processor.tokenizer, processor, inference_engine=llm)
-            bar = stack.enter_context(tqdm(total=len(self.samples), initial=len(self.samples) - len(todo),
-                                           unit="question", desc="evaluate", disable=not progress))
-            for start in range(0, len(todo), batch_size):
+            started = time.monotonic()
+            for number, start in enumerate(range(0, len(todo), batch_size), 1):
                 chosen = todo[start:start + batch_size]
                 prompts = build_prompts([self.samples[k] for k in chosen], tokenizer=processor.tokenizer,
                                         processor=processor, config=config)
                 results.append(self.records(chosen, agent.generate_sequences(prompts), processor, config))
-                bar.update(len(chosen))
+                say(batch_line(number, batches, done=done_before + start + len(chosen), total=total,
+                               done_before=done_before, elapsed=time.monotonic() - started))
 
     def records(self, chosen: list[int], output: Any, processor: Any, config: Any) -> list[dict]:
         """A rolled-out batch saved with its view, and its questions' records."""
@@ -363,19 +398,21 @@ class _Run:
         texts = episode_texts(output, processor.tokenizer)
         columns = output.non_tensor_batch
         searches = [int(count) for count in columns["num_searches"]]
-        verdicts = [None] * len(chosen)
+        n = len(output) // len(chosen)
+        rows = [chosen[i // n] for i in range(len(output))]  # each question's n samples, in a run
+        verdicts = [None] * len(rows)
         if self.judge is not None:
-            plan = judge_plan([self.infos[k] for k in chosen], texts, searches, self.protocol)
+            plan = judge_plan([self.infos[k] for k in rows], texts, searches, self.protocol)
             items = [(self.samples[k].question, str(self.truths[k]["answer"]), last_answer(texts[i]))
-                     for i, k in enumerate(chosen)]
+                     for i, k in enumerate(rows)]
             verdicts = self.judge.batch_verdicts(plan, items)
         return [question_record(self.question_ids[k], self.infos[k], self.samples[k], self.truths[k], texts[i],
                                 {"turn_page_ids": columns["turn_page_ids"][i],
                                  "termination_reason": columns["termination_reason"][i],
                                  "num_searches": searches[i],
                                  "episode": {"batch": str(view.relative_to(self.out)), "row": i}},
-                                self.protocol, verdicts[i])
-                for i, k in enumerate(chosen)]
+                                self.protocol, verdicts[i], draw=i % n)
+                for i, k in enumerate(rows)]
 
     def write_report(self, records: list[dict], header: dict) -> dict:
         """`report.json` and `report.md` over this run's questions (a --limit run: only its own)."""

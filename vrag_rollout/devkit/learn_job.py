@@ -71,6 +71,22 @@ def learn_questions(data: Optional[Path], batch_size: int, action_format: str = 
     return samples, truths, page_counts_of(Path(data), batch_size)
 
 
+def learn_grammar(data: Optional[Path], samples: list, page_counts: Optional[list], index: Optional[Path],
+                  action_format: str, acts: bool) -> dict:
+    """The action grammar's config fields: the find-the-page task's own; on your questions, the
+    acting grammar `rollout` gives a tiny model (search, fetch or answer; a first turn that
+    retrieves) when `acts`, else none (a trained checkpoint writes its own actions)."""
+    from .demo import FREE_QUERY, acting_grammar, in_corpus_scope
+    from .learn_task import task_regex
+    from .rollout_job import grammar_max_page
+
+    if data is None:
+        return {"action_regex": task_regex(action_format)}
+    if not acts:
+        return {"action_regex": None}
+    return acting_grammar(action_format, FREE_QUERY, grammar_max_page(page_counts, index), in_corpus_scope(samples))
+
+
 DEFAULTS = dict(steps=40, batch_size=3, n=8, max_turns=3, response_length=256, temperature=1.0, lr=1e-3)
 FINAL_DIR = "final"
 EVAL_FILE = "eval.pt"
@@ -84,7 +100,8 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
               model_dir: Optional[Path] = None, processor: Any = None, llm: Any = None, retriever: Any = None,
               retriever_url: Optional[str] = None, fixtures: Optional[str] = None, action_format: str = "tags",
               data: Optional[Path] = None, index: Optional[Path] = None, evaluate: bool = True,
-              progress: bool = True, retriever_preflight: str = "fail", guard: str = "drop") -> dict:
+              progress: bool = True, retriever_preflight: str = "fail", guard: str = "drop",
+              grammar: Optional[bool] = None) -> dict:
     """Run the loop and write its outputs (module docstring); returns {"records", "summary",
     "hf_model", "llm", "agent", "model_dir", "processor", "final_dir", "eval_path", "report",
     "questions", "truths"}."""
@@ -105,7 +122,6 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
     from ..verify.guard import LiveGuard, guarded
     from .demo import cache_dir, demo_config, demo_model, demo_page_band, demo_prompts, prepare_index
     from .learn_report import plot_rewards, summary_line
-    from .learn_task import task_regex
 
     configure_cpu_defaults()
     torch.manual_seed(seed)
@@ -121,11 +137,11 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
             from retriever_server.api.testing import serve_in_thread
 
             retriever_url = stack.enter_context(serve_in_thread(Path(index) if index else prepare_index(cache_dir())))
-        samples, truths, _counts = learn_questions(data, batch_size, action_format)
-        # the task's grammar; the user's questions: the model writes its own actions, as in a trainer
-        grammar = task_regex(action_format) if data is None else None
+        samples, truths, counts = learn_questions(data, batch_size, action_format)
         config = demo_config(n=n, max_turns=max_turns, response_length=response_length, temperature=temperature,
-                             seed=seed, calculate_log_probs=True, action_format=action_format, action_regex=grammar,
+                             seed=seed, calculate_log_probs=True, action_format=action_format,
+                             **learn_grammar(data, samples, counts, index, action_format,
+                                             acts=(model is None) if grammar is None else grammar),
                              retriever_url=retriever_url or "http://127.0.0.1:8002", retriever_fixtures=fixtures,
                              retriever_preflight=retriever_preflight, **demo_page_band(processor))
         agent = vLLMRolloutAgent(str(model_dir), config, tokenizer, processor, inference_engine=llm,
@@ -186,7 +202,7 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
         final_dir = save_final(hf_model, processor, model_dir, out_dir / FINAL_DIR)
         eval_path = report = None
         if evaluate:
-            free = vLLMRolloutAgent(str(model_dir), replace(config, action_regex=None), tokenizer, processor,
+            free = vLLMRolloutAgent(str(model_dir), replace(config, action_regex=None, first_turn_action_regex=None), tokenizer, processor,
                                     inference_engine=engine, retriever=agent.retriever)
             eval_path, report = evaluate_final(free, prompts, processor, final_dir, out_dir / EVAL_FILE, truths)
     print(f"wrote {out_dir / 'metrics.jsonl'}, {out_dir / PLOT_FILE}, {final_dir}"

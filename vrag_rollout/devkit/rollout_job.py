@@ -47,8 +47,12 @@ def read_job_questions(data: Path, batch_size: int) -> tuple[list, list]:
     try:
         return read_questions(Path(data), batch_size)
     except DatasetError as error:
-        raise JobInputError(f"--data {error}; a question file is converted first: "
-                            f"`vrag-rollout convert-dataset QUESTIONS --out {data}`") from error
+        data = Path(data)
+        converted = data.with_suffix(".parquet") if data.suffix != ".parquet" else data
+        source = data if converted != data else "QUESTIONS"
+        raise JobInputError(f"--data {error}; --data takes a converted dataset: convert a questions file first, "
+                            f"`vrag-rollout convert-dataset {source} --out {converted}`, then pass --data "
+                            f"{converted}") from error
 
 
 def job_format(samples: list, action_format: Optional[str], region_action: Optional[bool]) -> tuple[str, bool]:
@@ -100,9 +104,11 @@ def run_rollout(out: Path, *, data: Path, index: Optional[Path] = None, retrieve
     share one). Returns `finish_demo`'s dict."""
     from ..data.prompts import build_prompts
     from .demo import FREE_QUERY, acting_grammar, add_truths_and_rewards, demo_config, demo_model, demo_page_band, \
-        finish_demo
+        finish_demo, in_corpus_scope
 
-    if sum(source is not None for source in (index, retriever_url)) != 1 and fixtures is None:
+    if index is not None and retriever_url is not None:
+        raise JobInputError("pass only one of --index DIR (served for the run) and --retriever-url URL")
+    if index is None and retriever_url is None and fixtures is None:
         raise JobInputError("name the retriever: --index DIR (served for the run) or --retriever-url URL "
                             "(or --fixtures FILE to replay recorded traffic)")
     samples, truths = read_job_questions(Path(data), batch_size)
@@ -127,7 +133,7 @@ def run_rollout(out: Path, *, data: Path, index: Optional[Path] = None, retrieve
         retriever_fixtures=str(fixtures) if fixtures is not None else None,
     )
     if acts:
-        overrides.update(acting_grammar(fmt, FREE_QUERY, grammar_max_page(page_counts, index)))
+        overrides.update(acting_grammar(fmt, FREE_QUERY, grammar_max_page(page_counts, index), in_corpus_scope(samples)))
     if model is None:  # small pages keep a tiny model's CPU run fast; a checkpoint gets the defaults
         overrides.update(demo_page_band(processor))
     with ExitStack() as stack:

@@ -15,7 +15,10 @@ refuses to mix two protocols in one file.
   scores 0 like any wrong answer) or "exclude" (left out of every average, and counted apart).
 - `unanswerable`: "score" (questions a set marks unanswerable count; the right answer is the
   set's "Not answerable") or "exclude" (left out, counted apart).
-- Sampling is greedy (temperature 0, one sample per question), with `seed` recorded.
+- `n`, `temperature`: samples per question and their temperature. The default, one greedy
+  sample (temperature 0), is how the papers score; `n` > 1 needs a temperature above 0 (greedy
+  decoding draws the same answer n times) and is reported as pass@1 (the mean over the samples)
+  and pass@n (each question's best sample) (`evaluation.report`). `seed` is recorded.
 - `judge`: the ViDoSeek judge, when one is used: its checkpoint path and prompt version.
 - `search_required`: VRAG-RL's rule that an answer given without any search scores 0
   (`evaluation.search_rule`): True (every set), False (none), or None: as each set's protocol,
@@ -42,6 +45,7 @@ class Protocol:
     unanswerable: str = "score"
     response_length: int = 1024
     top_n: int = 3
+    n: int = 1
     temperature: float = 0.0
     seed: int = 0
     judge: Optional[dict] = None  # {"model": path, "prompt_version": ...}
@@ -55,6 +59,13 @@ class Protocol:
                 raise ValueError(f"{name} must be one of {shown}, got {value!r}")
         if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) or self.max_turns < 1:
             raise ValueError(f"max_turns must be an integer >= 1, got {self.max_turns!r}")
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if self.n > 1 and self.temperature == 0:
+            raise ValueError(f"n {self.n} at temperature 0 draws the same answer {self.n} times: "
+                             "give a temperature above 0 for pass@k")
         if self.search_required is not None and not isinstance(self.search_required, bool):
             raise ValueError(f"search_required must be true, false or none, got {self.search_required!r}")
 

@@ -1,11 +1,14 @@
-"""`results.jsonl`: an evaluation's per-question results, written as they come, resumable.
+"""`results.jsonl`: an evaluation's per-sample results, written as they come, resumable.
 
 Contract: the file's first line is the header `{"header": {...}}` (the protocol, the data file
-and its digest, the model, ...); every other line is one question's record (`{"question_id",
-...}`), appended and flushed batch by batch, so an interrupted run loses at most the batch it was
-in. `ResultsFile.open(path, header)` starts a file or resumes one:
+and its digest, the model, ...); every other line is one sample's record (`{"question_id",
+"sample", ...}`: `sample` numbers a question's samples from 0; a record without it is sample 0),
+appended and flushed batch by batch, so an interrupted run loses at most the batch it was in.
+`ResultsFile.open(path, header)` starts a file or resumes one:
 
-- the records already there are kept (`done`); a question recorded twice keeps its first record;
+- the records already there are kept (`done`: the questions with a record; `complete(n)`: those
+  with all of samples 0..n-1); a sample recorded twice keeps its first record, read back or
+  appended (a question rolled out again after a cut keeps the samples it had);
 - a last line cut off mid-write is dropped (that question runs again); an unreadable line
   anywhere else is skipped and counted (`skipped`), never taken for the end of the file;
 - a file written under another header (another protocol, data file, model or index) is refused
@@ -67,6 +70,11 @@ def field_value(header: dict, name: str):
     return value
 
 
+def key(record: dict) -> tuple[str, int]:
+    """What identifies a record: its question and sample."""
+    return record["question_id"], int(record.get("sample", 0))
+
+
 class ResultsFile:
     def __init__(self, path: Path, header: dict, records: list[dict], lock, skipped: int = 0):
         self.path, self.header, self.records, self.skipped = Path(path), header, records, skipped
@@ -75,6 +83,11 @@ class ResultsFile:
     @property
     def done(self) -> set[str]:
         return {record["question_id"] for record in self.records}
+
+    def complete(self, samples: int) -> set[str]:
+        """The questions with every one of samples 0..`samples`-1 recorded."""
+        have = {key(record) for record in self.records}
+        return {qid for qid in self.done if all((qid, k) in have for k in range(samples))}
 
     @classmethod
     def open(cls, path: Path, header: dict) -> "ResultsFile":
@@ -115,20 +128,26 @@ class ResultsFile:
                 continue
             try:
                 record = json.loads(line)
-                question_id = record["question_id"]
-            except (ValueError, KeyError, TypeError):
+                found_key = key(record)
+            except (ValueError, KeyError, TypeError, AttributeError):
                 skipped += 1
                 continue
-            if question_id not in seen:
-                seen.add(question_id)
+            if found_key not in seen:
+                seen.add(found_key)
                 records.append(record)
         if cut:  # rewrite without the cut line, so the next append starts on a line of its own
             path.write_text("\n".join([lines[0], *[line for line in body if line.strip()]]) + "\n", encoding="utf-8")
         return cls(path, header, records, lock, skipped)
 
     def append(self, records: Iterable[dict]) -> None:
-        """Write `records` at the end, flushed to disk before returning."""
-        records = list(records)
+        """Write `records` at the end, flushed to disk before returning; a sample already recorded
+        keeps its first record."""
+        have, kept = {key(record) for record in self.records}, []
+        for record in records:
+            if key(record) not in have:
+                have.add(key(record))
+                kept.append(record)
+        records = kept
         with self.path.open("a", encoding="utf-8") as f:
             for record in records:
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")

@@ -157,13 +157,27 @@ def check_record(record: dict, gap_tolerance: float = GAP_TOLERANCE) -> None:
 def no_signal(records: Sequence[Mapping[str, float]]) -> Optional[str]:
     """Why none of `records`' steps could teach the policy anything, or None when one could: GRPO
     learns from reward differences within a question's samples, and a step whose every group
-    earned one reward has advantages of 0 (`advantage_std` 0), so no gradient."""
+    earned one reward has advantages of 0 (`advantage_std` 0), so no gradient. The message says
+    what the reward's parts and the episodes show, and the likeliest cause they point to."""
     if not records or any(record["advantage_std"] > 0 for record in records):
         return None
-    steps = "no step" if len(records) > 1 else "the step"
-    return (f"{steps} had a reward difference between the samples of a question (advantage_std 0: every sample "
-            "of each question earned the same reward, so GRPO had nothing to learn from). Check the rewards "
-            "(reward_* in metrics.jsonl): all 0 usually means the answers or the documents do not match the data")
+    steps = "no step had any" if len(records) > 1 else "the step had no"
+    shown = {part: mean([float(r.get(f"reward_{part}", 0.0)) for r in records]) for part in PARTS}
+    turns = mean([float(r.get("turns_mean", 0.0)) for r in records])
+    pages = mean([float(r.get("pages_shown_mean", 0.0)) for r in records])
+    parts = ", ".join(f"{part} {value:.2f}" for part, value in shown.items())
+    if pages == 0 and turns <= 1:
+        cause = ("no episode searched or fetched a page: the policy never wrote an action (a tiny random model "
+                 "acts only under the action grammar: --grammar)")
+    elif not any(shown.values()):
+        cause = ("every part is 0 though the episodes acted: no answer matched and no gold page was shown; check "
+                 "that the answers and the documents match the data")
+    else:
+        cause = ("every sample of a question scored the same parts: more samples (--n) or a higher temperature "
+                 "make them differ")
+    return (f"{steps} reward difference between the samples of a question (advantage_std 0), so GRPO "
+            f"had nothing to learn from. Reward parts (means): {parts}; {turns:.1f} turns and {pages:.1f} pages "
+            f"shown per episode: {cause}")
 
 
 def reward_summary(records: Sequence[Mapping[str, float]], window: Optional[int] = None) -> dict:

@@ -1,0 +1,95 @@
+"""A new user's input traps (issue 48, item 7), through the command line in-process: each wrong
+input gets one clear message naming the fix, and exit code 2, before anything starts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vrag_rollout.cli import main
+
+QUESTION = {"uid": "q1", "query": "Where is the muster point?", "reference_answer": "car park",
+            "meta_info": {"file_name": "safety_manual.pdf", "reference_page": [4]}}
+
+
+def refused(argv: list[str], capsys) -> str:
+    """The one line a refused command prints (exit code 2, no usage tail, the prefix once)."""
+    try:
+        code = main(argv)
+    except SystemExit as exit_info:
+        code = exit_info.code
+    said = capsys.readouterr().err
+    assert code == 2 and said.count("error:") == 1 and "usage:" not in said, said
+    return said
+
+
+def test_questions_given_to_rollout_unconverted_are_pointed_at_a_new_parquet(tmp_path, capsys):
+    questions = tmp_path / "my_questions.json"
+    questions.write_text(json.dumps([QUESTION]))
+    said = refused(["rollout", "--data", str(questions), "--out", str(tmp_path / "x.pt"), "--fixtures", "f.json"], capsys)
+    parquet = tmp_path / "my_questions.parquet"
+    assert f"convert-dataset {questions} --out {parquet}" in said and f"--data {parquet}" in said
+    assert f"--out {questions}" not in said  # never the advice to overwrite the questions
+
+
+def test_both_retrievers_named_is_refused_as_such(tmp_path, capsys):
+    from vrag_rollout.data.dataset import convert_dataset
+
+    questions = tmp_path / "q.json"
+    questions.write_text(json.dumps([QUESTION]))
+    convert_dataset(questions, tmp_path / "q.parquet")
+    said = refused(["rollout", "--data", str(tmp_path / "q.parquet"), "--out", str(tmp_path / "x.pt"),
+                    "--index", str(tmp_path), "--retriever-url", "http://127.0.0.1:9"], capsys)
+    assert "pass only one of --index" in said and "name the retriever" not in said
+
+
+@pytest.mark.parametrize("kind, head, fragment", [
+    ("pdf", b"%PDF-1.4\n\xff\xfe\x00 binary", "this is a PDF, a document, not a questions file"),
+    ("parquet", b"PAR1\x15\x04\xff binary", "already a converted dataset"),
+    ("latin1", '[{"query": "caf\u00e9"}]'.encode("latin-1"), "not UTF-8 text"),
+])
+def test_a_file_that_is_not_questions_says_what_it_is(kind, head, fragment, tmp_path, capsys):
+    source = tmp_path / f"questions.{kind}"
+    source.write_bytes(head)
+    code = main(["convert-dataset", str(source), "--out", str(tmp_path / "out.parquet")])
+    said = capsys.readouterr().err
+    assert code == 2 and fragment in said and "codec" not in said
+    assert not (tmp_path / "out.parquet").exists()
+
+
+def test_a_model_directory_that_cannot_run_is_one_line_with_the_prefix_once(tmp_path, capsys):
+    questions = tmp_path / "q.json"
+    questions.write_text(json.dumps([QUESTION]))
+    said = refused(["rollout", "--data", str(questions), "--out", str(tmp_path / "x.pt"), "--fixtures", "f.json",
+                    "--model", str(tmp_path / "no_model")], capsys)
+    assert said.startswith("vrag-rollout rollout: error: --model") and "rollout: error: rollout:" not in said
+
+
+def test_open_domain_questions_convert_in_corpus_scope_only(tmp_path, capsys):
+    """Issue 48, item 5: a question with no known document searches the whole index, its
+    retrieval unscored; in document scope it is refused naming --scope corpus."""
+    import pandas as pd
+
+    source = tmp_path / "open.json"
+    source.write_text(json.dumps([{"uid": "o1", "query": "What is the capital of France?", "reference_answer": "Paris"},
+                                  QUESTION]))
+    assert main(["convert-dataset", str(source), "--out", str(tmp_path / "doc.parquet")]) == 2
+    assert "converts with --scope corpus only" in capsys.readouterr().err
+    assert main(["convert-dataset", str(source), "--out", str(tmp_path / "open.parquet"), "--scope", "corpus"]) == 0
+    rows = pd.read_parquet(tmp_path / "open.parquet")
+    assert rows["doc_id"].isna().all()
+    assert json.loads(rows["answer"][0]) == {"answer": "Paris", "doc_id": None, "gold_pages": []}
+    assert json.loads(rows["answer"][1])["gold_pages"] == [["safety_manual", 4]]
+
+
+@pytest.mark.parametrize("action_format", ["tags", "tool_call"])
+def test_in_corpus_scope_the_acting_grammars_first_turn_searches(action_format):
+    """Issue 48, item 5: a fetch before any page is shown always fails in corpus scope ("search
+    first"), so the grammar a tiny model acts under opens with a search there."""
+    from vrag_rollout.devkit.demo import FREE_QUERY, acting_grammar
+
+    corpus = acting_grammar(action_format, FREE_QUERY, 6, corpus=True)
+    document = acting_grammar(action_format, FREE_QUERY, 6)
+    assert "search" in corpus["first_turn_action_regex"] and "fetch" not in corpus["first_turn_action_regex"]
+    assert "fetch" in document["first_turn_action_regex"] and "fetch" in corpus["action_regex"]
