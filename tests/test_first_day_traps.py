@@ -93,3 +93,59 @@ def test_in_corpus_scope_the_acting_grammars_first_turn_searches(action_format):
     document = acting_grammar(action_format, FREE_QUERY, 6)
     assert "search" in corpus["first_turn_action_regex"] and "fetch" not in corpus["first_turn_action_regex"]
     assert "fetch" in document["first_turn_action_regex"] and "fetch" in corpus["action_regex"]
+
+
+def test_bad_samples_go_under_the_runs_output_by_default(tmp_path):
+    """Issue 48, item 9: `guard_samples_dir` defaults to "auto", `guard_bad_samples/` under the
+    run's own output; a guard built without a run output saves none rather than litter the
+    directory a trainer was started from."""
+    from vrag_rollout.config import AgentRolloutConfig, guard_samples_under
+    from vrag_rollout.devkit.tiny_model import build_tiny_model, default_model_dir
+    from vrag_rollout.verify.guard import LiveGuard
+
+    assert AgentRolloutConfig().guard_samples_dir == "auto"
+    assert guard_samples_under("auto", "checkpoints/p/e") == "checkpoints/p/e/guard_bad_samples"
+    assert guard_samples_under("auto", None) is None and guard_samples_under("/x/y", "run") == "/x/y"
+    live = LiveGuard.from_config(build_tiny_model(default_model_dir("qwen2-vl"), "qwen2-vl"), AgentRolloutConfig())
+    assert live.samples is None
+
+
+def test_rollout_takes_rows_from_an_offset(tmp_path, capsys):
+    """Issue 48, item 10: `--offset` skips the first rows (`--batch-size` is how many); an offset
+    past the file's end is one line, exit 2."""
+    from vrag_rollout.data.dataset import convert_dataset
+    from vrag_rollout.data.questions import read_questions
+
+    rows = [{**QUESTION, "uid": f"q{i}", "query": f"Question number {i}?"} for i in range(5)]
+    (tmp_path / "q.json").write_text(json.dumps(rows))
+    convert_dataset(tmp_path / "q.json", tmp_path / "q.parquet")
+    samples, _ = read_questions(tmp_path / "q.parquet", 2, offset=3)
+    assert [s.question for s in samples] == ["Question number 3?", "Question number 4?"]
+    said = refused(["rollout", "--data", str(tmp_path / "q.parquet"), "--out", str(tmp_path / "x.pt"),
+                    "--fixtures", "f.json", "--offset", "5"], capsys)
+    assert "no questions from row 5: the file has 5" in said
+
+
+def test_a_checkpoint_restores_the_weights_and_the_optimizer(tmp_path):
+    """Issue 48, item 10: what `learn --resume` reads back is what the run saved."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from vrag_rollout.devkit.learn_checkpoints import latest_checkpoint, restore, save_checkpoint
+    from vrag_rollout.devkit.tiny_model import build_tiny_model, default_model_dir
+
+    model_dir = build_tiny_model(default_model_dir("qwen2-vl"), "qwen2-vl")
+    trained = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-3)
+    sum(p.float().pow(2).sum() for p in trained.parameters()).backward()
+    optimizer.step()  # weights moved, optimizer state filled
+    save_checkpoint(tmp_path, 7, trained, optimizer, AutoProcessor.from_pretrained(model_dir))
+    fresh = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
+    fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
+    assert not all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), trained.state_dict().values()))
+    assert restore(latest_checkpoint(tmp_path), fresh, fresh_optimizer) == 7
+    for name, value in trained.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], value), name
+    restored = fresh_optimizer.state_dict()["state"]
+    assert set(restored) == set(optimizer.state_dict()["state"]) and restored
+    assert not list(tmp_path.glob("checkpoints/*.partial"))

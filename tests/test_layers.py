@@ -107,7 +107,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-LEAVES = ("config", "protocol", "families", "logit_bias", "turn_output")  # top-level modules every layer may use
+LEAVES = ("config", "protocol", "families", "logit_bias", "turn_output", "progress")  # top-level modules every layer may use
 ROLLOUT_RULES = [
     ("core", ["core", *LEAVES], ("vllm", "retriever_server", *HTTP)),
     ("engine", ["engine", *LEAVES], ()),

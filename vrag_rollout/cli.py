@@ -76,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "(default qwen2-vl)")
     rollout.add_argument("--out", type=Path, default=Path("artifacts/rollout.pt"),
                          help="where to save the batch (docs/saved-batch.md); the HTML view goes beside it")
-    rollout.add_argument("--batch-size", type=int, default=8, help="number of questions: the file's first rows")
+    rollout.add_argument("--batch-size", type=int, default=8,
+                         help="number of questions: the file's rows from --offset (its first rows by default)")
+    rollout.add_argument("--offset", type=int, default=0, help="skip the file's first OFFSET rows")
     rollout.add_argument("--n", type=int, default=1, help="samples per question")
     rollout.add_argument("--max-turns", type=int, default=4, help="generation turns per episode")
     rollout.add_argument("--response-length", type=int, default=1024,
@@ -101,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "NDCG; results.jsonl (resumable) and a report",
     )
     evaluate.add_argument("--data", type=Path, required=True,
-                          help="a benchmark converted with `convert-dataset --from SET` (either --layout)")
+                          help="a benchmark converted with `convert-dataset --from SET`, or your own questions converted "
+                               "without --from (scored as `questions` by the project's rules; either --layout)")
     evaluate.add_argument("--model", default=None,
                           help="the checkpoint to evaluate (a local directory of a supported family)")
     evaluate.add_argument("--family", choices=FAMILY_NAMES, default=None,
@@ -118,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--capped", choices=["wrong", "exclude"], default="wrong",
                           help="an episode that ended without an answer scores as wrong, or is left out")
     evaluate.add_argument("--unanswerable", choices=["score", "exclude"], default="score",
-                          help="questions a set marks unanswerable are scored, or left out")
+                          help="questions marked unanswerable (by the set, or a reference answer 'Not answerable') are "
+                               "scored, or left out")
     evaluate.add_argument("--response-length", type=int, default=1024,
                           help="token budget of an episode's response (sampled text and observations)")
     evaluate.add_argument("--top-n", type=int, default=3, help="pages a search returns")
@@ -171,6 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default: on for a tiny model, which otherwise never acts; off for --model)")
     learn.add_argument("--index", type=Path, default=None,
                        help="serve this retriever index (vrag-retriever index) instead of the sample corpus's")
+    learn.add_argument("--save-every", type=int, default=10,
+                       help="save the weights and optimizer every N steps and after the last, under "
+                            "OUT/checkpoints/step_NNNNN (0: none)")
+    learn.add_argument("--resume", action="store_true",
+                       help="continue the run in --out from its latest checkpoint, up to --steps")
     learn.add_argument("--guard", choices=("fail", "drop", "warn", "off"), default="drop",
                        help="the live guard on every batch (README, 'The live guard'): stop the run, drop bad samples "
                             "from the loss, only report them, or skip the checks")
@@ -240,7 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--scope", choices=["corpus", "document"], default=None,
                          help="what the agent searches: the whole index (corpus: no doc_id, gold pages as "
                               "[document, page]) or each question's own document; default: the set's own protocol, "
-                              "corpus for --from vidoseek and slidevqa (VRAG-RL's), document otherwise")
+                              "corpus for --from vidoseek and slidevqa (VRAG-RL's), document otherwise (the vidoseek "
+                              "layout without --from included); a question with no meta_info (no document) "
+                              "converts in corpus scope only")
     convert.add_argument("--documents", type=Path, default=None,
                          help="also write here (JSON) the documents the index must hold: doc_id, file or folder "
                               "name, and whether it is a PDF or a folder of page images")
@@ -296,8 +307,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = subcommand_parser(top, args.command)
     # vLLM's CPU worker logs a warning on every generate call; keep the demo's output readable.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    from .progress import LOGGER, show_on
+
+    shown = None
     if args.command in ENGINE_COMMANDS:
         quiet_cpu_start()
+        shown = show_on()  # what is starting and how far a batch is, on stderr
     from .devkit.job_checks import JobInputError
 
     try:
@@ -305,6 +320,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except JobInputError as error:  # an expected user error: one line, no traceback
         print(f"vrag-rollout {args.command}: error: {error}", file=sys.stderr)
         return 2
+    finally:
+        if shown is not None:  # main may run again in this process (tests), with other streams
+            LOGGER.removeHandler(shown)
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -327,7 +345,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                     n=args.n, max_turns=args.max_turns, response_length=args.response_length,
                     temperature=args.temperature, seed=args.seed, action_format=args.action_format,
                     region_action=args.region_action, grammar=args.grammar, prompt_length=args.prompt_length,
-                    retriever_preflight=args.retriever_preflight)
+                    retriever_preflight=args.retriever_preflight, offset=args.offset)
         return 0
     if args.command == "learn":
         return _learn(args, parser)
@@ -427,7 +445,7 @@ def _learn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                     response_length=args.response_length, temperature=args.temperature, lr=args.lr)
     sources = dict(data=args.data, index=args.index)
     try:
-        check_settings(**settings, **sources)
+        check_settings(**settings, **sources, out_dir=args.out, resume=args.resume, save_every=args.save_every)
     except ValueError as error:
         parser.error(str(error))
     samples, _truths, page_counts = learn_questions(args.data, args.batch_size, args.action_format)
@@ -443,7 +461,8 @@ def _learn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     check_retriever(source, [sample.doc_id for sample in samples], page_counts, args.retriever_preflight, hint)
     run_learn(args.out, **settings, seed=args.seed, family=args.family, model=args.model,
               retriever_url=args.retriever_url, fixtures=args.fixtures, action_format=args.action_format,
-              retriever_preflight=args.retriever_preflight, guard=args.guard, grammar=args.grammar, **sources)
+              retriever_preflight=args.retriever_preflight, guard=args.guard, grammar=args.grammar,
+              save_every=args.save_every, resume=args.resume, **sources)
     return 0
 
 

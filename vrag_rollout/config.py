@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
@@ -16,6 +18,16 @@ ACTION_FORMATS = ("tags", "tool_call")
 ROLLOUT_MODES = ("sync", "continuous")
 PREFLIGHT_MODES = ("fail", "warn", "off")  # retriever_preflight (rollout/agent.py, retrieval/preflight.py)
 GUARD_MODES = ("fail", "drop", "warn", "off")  # guard (verify/guard.py MODES)
+GUARD_SAMPLES_AUTO = "auto"  # guard_samples_dir: under the run's output (see the field)
+GUARD_SAMPLES_NAME = "guard_bad_samples"
+
+
+def guard_samples_under(value: Optional[str], run_output: Optional[str]) -> Optional[str]:
+    """`guard_samples_dir` resolved: "auto" becomes `guard_bad_samples/` under `run_output` (the
+    run's own output directory), or None (save none) when the run names none; else as given."""
+    if value != GUARD_SAMPLES_AUTO:
+        return value
+    return os.path.join(str(run_output), GUARD_SAMPLES_NAME) if run_output else None
 
 
 @dataclass
@@ -115,8 +127,10 @@ class AgentRolloutConfig:
     guard: str = "drop"
     guard_positions_fraction: float = 0.125
     # Where the run's first `guard_samples_limit` bad samples are saved (`vrag-rollout view`
-    # opens each file); None saves none.
-    guard_samples_dir: Optional[str] = "guard_bad_samples"
+    # opens each file): "auto" puts `guard_bad_samples/` under the run's own output (EasyR1's
+    # trainer.save_checkpoint_path, verl's trainer.default_local_dir, learn's --out), never in
+    # whatever directory the trainer was started from; a path; None saves none.
+    guard_samples_dir: Optional[str] = GUARD_SAMPLES_AUTO
     guard_samples_limit: int = 16
 
     def __post_init__(self) -> None:

@@ -2,8 +2,9 @@
 public sets' layouts (ViDoSeek: corpus scope by default; MMLongBench-Doc: document scope), each
 evaluated in both scopes against the real retriever with the tiny model; every question gets its
 record and the report its table; the retrieval recall of a saved episode equals a count made
-here from the saved batch alone; an interrupted evaluation (two samples per question) resumes,
-saying what it found; another protocol is refused."""
+here from the saved batch alone; an interrupted evaluation of your own questions (converted
+without `--from`: the `questions` benchmark, two samples per question) resumes, saying what it
+found; another protocol, and a set's file, are refused."""
 
 from __future__ import annotations
 
@@ -30,6 +31,19 @@ def converted(layout: str, tmp_path, index) -> tuple:
     out = tmp_path / f"{layout}.parquet"
     report = dataset.convert_dataset(written_in(layout, tmp_path), out, index_dir=index, source_format=layout)
     return out, report.scope
+
+
+def own_questions(tmp_path, index):
+    """Your own questions (no `--from`), in corpus scope: one about a sample-corpus fact, with its
+    gold page, and an open-domain one the corpus cannot answer (no document, no gold page)."""
+    fact, doc, page = facts()[0]
+    rows = [{"uid": "fact", "query": f"Which page covers {fact}?", "reference_answer": str(page),
+             "meta_info": {"file_name": f"{doc}.pdf", "reference_page": [page]}},
+            {"uid": "open", "query": "How many moons does Neptune have?", "reference_answer": "Not answerable"}]
+    source, out = tmp_path / "my_questions.json", tmp_path / "my_questions.parquet"
+    source.write_text(json.dumps(rows))
+    dataset.convert_dataset(source, out, index_dir=index, scope="corpus")
+    return out
 
 
 def records_of(out) -> list[dict]:
@@ -80,10 +94,11 @@ def test_evaluate_two_sets_in_both_scopes(layout, tmp_path, sample_index, tiny_m
             assert "answer_format" in bench["categories"]
 
 
-def test_an_interrupted_evaluation_resumes_and_another_protocol_is_refused(tmp_path, sample_index, tiny_model_dir,
-                                                                            tiny_llm, capsys):
-    """Two samples per question (pass@k): a resume says what it found, and another n is refused."""
-    data, _ = converted("vidoseek", tmp_path, sample_index)
+def test_an_interrupted_evaluation_of_your_own_questions_resumes_and_another_protocol_is_refused(
+        tmp_path, sample_index, tiny_model_dir, tiny_llm, capsys):
+    """Your own questions, two samples each (pass@k): scored as the `questions` benchmark by the
+    project's rules; a resume says what it found; another n, or a set's file, is refused."""
+    data = own_questions(tmp_path, sample_index)
     out, protocol = tmp_path / "eval", Protocol(max_turns=2, response_length=512, n=2, temperature=1.0)
     run = dict(data=data, model=str(tiny_model_dir), index=sample_index, grammar=True, batch_size=1, llm=tiny_llm)
     run_evaluation(out, protocol=protocol, limit=1, **run)  # stopped after the first question
@@ -97,14 +112,23 @@ def test_an_interrupted_evaluation_resumes_and_another_protocol_is_refused(tmp_p
     said = capsys.readouterr().out
     assert "resuming: 1 of 2 questions done, 1 to go" in said and "batch 1 of 1: 2 of 2 questions done" in said
     again = records_of(out)
-    assert len(again) == 2 * len(facts()) and again[:2] == first  # kept, not rolled out again
+    assert len(again) == 4 and again[:2] == first  # kept, not rolled out again
     assert sorted(p.name for p in (out / "episodes").glob("*.pt")) == ["batch-0001.pt", "batch-0002.pt"]
-    bench = report["benchmarks"]["vidoseek"]
-    assert (bench["questions"], bench["samples"], bench["pass_at_k"]["k"]) == (len(facts()), 2 * len(facts()), 2)
-    assert bench["pass_at_k"]["scores"]["accuracy"] >= bench["scores"]["accuracy"]
-    assert "pass@2 accuracy" in (out / "report.md").read_text()
+    assert report["header"]["sets"] == ["questions"] and set(report["benchmarks"]) == {"questions"}
+    bench = report["benchmarks"]["questions"]
+    assert (bench["questions"], bench["samples"], bench["pass_at_k"]["k"]) == (2, 4, 2)
+    assert bench["pass_at_k"]["scores"]["accuracy"] >= bench["scores"]["accuracy"] and "f1" in bench["scores"]
+    # "Not answerable": an unanswerable question, counted (--unanswerable score); no gold page: no retrieval
+    unanswerable = [r for r in again if r["question_id"] == "open"]
+    assert all(not r["answerable"] and r["counted"] and r["retrieval"] is None for r in unanswerable)
+    assert bench["retrieval"]["questions"] == 2  # the fact's two samples only, not the open question's as 0
+    markdown = (out / "report.md").read_text()
+    assert "pass@2 accuracy" in markdown and "## questions" in markdown and "the project's" in markdown
     with pytest.raises(JobInputError, match="protocol.n"):
         run_evaluation(out, protocol=Protocol(max_turns=2, response_length=512, n=3, temperature=1.0), **run)
+    a_set, _ = converted("vidoseek", tmp_path, sample_index)
+    with pytest.raises(JobInputError, match="another data, data_sha256, sets"):
+        run_evaluation(out, protocol=protocol, **{**run, "data": a_set})
 
 
 def test_the_vidoseek_judge_is_recorded_beside_the_rule_based_scores(tmp_path, sample_index, tiny_model_dir,

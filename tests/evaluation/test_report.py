@@ -44,7 +44,8 @@ def full_header(**protocol) -> dict:
 
     return results_header(Protocol(**protocol), data="/data/mmlb.parquet", data_sha256="d" * 64,
                           model="/models/tiny-qwen2-vl", model_fingerprint="feedbeef", scopes=["document"],
-                          grammar=True, index={"version": "a1b2c3d4e5f60718", "documents": 3, "pages": 13})
+                          grammar=True, index={"version": "a1b2c3d4e5f60718", "documents": 3, "pages": 13},
+                          sets=["mmlongbench-doc"])
 
 
 def leaves(value, prefix=""):

@@ -24,13 +24,13 @@ INDEX = {"version": "a1b2c3d4e5f60718", "documents": 3, "pages": 13}
 def header(**protocol) -> dict:
     return results_header(Protocol(**protocol), data="/data/vidoseek.parquet", data_sha256="d" * 64,
                           model="/models/policy", model_fingerprint="feedbeef", scopes=["corpus"], grammar=False,
-                          index=dict(INDEX))
+                          index=dict(INDEX), sets=["vidoseek"])
 
 
 HEADERS = {"with a judge": header(judge=JUDGE, search_required=True, scope="corpus"), "without": header()}
 
 # Each input of `run_evaluation`: the header fields that record it, or why it cannot change a score.
-RECORDED = {"data": ("data", "data_sha256"), "model": ("model", "model_fingerprint"),
+RECORDED = {"data": ("data", "data_sha256", "sets"), "model": ("model", "model_fingerprint"),
             "family": ("model", "model_fingerprint"), "protocol": ("protocol",),
             "index": ("index",), "retriever_url": ("index",), "grammar": ("grammar",),
             "judge_model": ("protocol.judge",)}

@@ -33,7 +33,7 @@ def ldu(prediction, reference, answer_format):
 # ---- the common interface
 
 def test_every_project_set_has_a_scorer_and_an_unknown_one_is_refused():
-    assert set(SCORERS) == set(SOURCE_FORMATS) | {"own"}  # own: questions converted without --from
+    assert set(SCORERS) == set(SOURCE_FORMATS) | {"questions"}  # your own questions: converted without --from
     with pytest.raises(ValueError, match="docvqa"):
         scorer_for("docvqa")
 

@@ -235,10 +235,28 @@ def test_your_own_questions_with_data(tmp_path, tiny_model_dir, tiny_processor, 
 
     # the grammar's searches are random words: replayed as unrecorded (an error observation), its fetches recorded
     retriever = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL, strict=False))
-    result = run_learn(tmp_path / "out", steps=4, batch_size=2, n=2, response_length=96, model_dir=tiny_model_dir,
-                       processor=tiny_processor, llm=tiny_llm, retriever=retriever, progress=False,
-                       data=tmp_path / "train.parquet", evaluate=False)
+    settings = dict(batch_size=2, n=2, response_length=96, model_dir=tiny_model_dir, processor=tiny_processor,
+                    llm=tiny_llm, retriever=retriever, progress=False, data=tmp_path / "train.parquet", evaluate=False)
+    out = tmp_path / "out"
+    first = run_learn(out, steps=3, save_every=2, **settings)
+    # checkpoints every 2 steps and after the last; every metrics line in TensorBoard too
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from vrag_rollout.devkit.learn_checkpoints import checkpoint_step, latest_checkpoint
+
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00002", "step_00003"]
+    assert checkpoint_step(latest_checkpoint(out)) == 3
+    events = EventAccumulator(str(out / "tensorboard")).Reload()
+    assert [e.step for e in events.Scalars("learn/reward_mean")] == [1, 2, 3]
+    assert [e.value for e in events.Scalars("learn/reward_mean")] == pytest.approx(
+        [r["reward_mean"] for r in first["records"]])
+    # --resume: the latest checkpoint's weights into the model and the engine, then the steps after it
+    import json as _json
+
+    result = run_learn(out, steps=4, resume=True, **settings)
     records = result["records"]
+    assert [r["step"] for r in records] == [1, 2, 3, 4] and records[:3] == first["records"]
+    assert [_json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
     # the tiny model acts under rollout's acting grammar: it retrieves, and some group's samples differ
     assert result["agent"].config.action_regex and result["agent"].config.first_turn_action_regex
     assert all(r["pages_shown_mean"] > 0 for r in records), records

@@ -32,13 +32,25 @@ def rollout(tiny_model_dir, tiny_processor, tiny_llm, transport, mode):
     return agent, agent.generate_sequences(prompt_batch(tiny_processor, sample_prompts(6), agent))
 
 
-def test_several_batches_out_at_once_and_the_same_episodes(tiny_model_dir, tiny_processor, tiny_llm):
+def test_several_batches_out_at_once_and_the_same_episodes(tiny_model_dir, tiny_processor, tiny_llm, caplog):
     # Delays longer than an engine step even on a loaded machine, so the continuous schedule's
     # batches from different steps overlap (at 20-80 ms they did not when other work shared the cores).
+    import logging
+
     synced = DelayedReplay(0.2, 0.5)
-    _, sync_out = rollout(tiny_model_dir, tiny_processor, tiny_llm, synced, "sync")
-    continuous = DelayedReplay(0.2, 0.5)
-    _, cont_out = rollout(tiny_model_dir, tiny_processor, tiny_llm, continuous, "continuous")
+    with caplog.at_level(logging.INFO, logger="vrag_rollout.progress"):
+        _, sync_out = rollout(tiny_model_dir, tiny_processor, tiny_llm, synced, "sync")
+        sync_lines = [r.getMessage() for r in caplog.records if r.name == "vrag_rollout.progress"]
+        caplog.clear()
+        continuous = DelayedReplay(0.2, 0.5)
+        _, cont_out = rollout(tiny_model_dir, tiny_processor, tiny_llm, continuous, "continuous")
+        cont_lines = [r.getMessage() for r in caplog.records if r.name == "vrag_rollout.progress"]
+    # progress a user sees (issue 48, item 3): the batch, each turn (synchronized), each episode's end
+    size = len(sync_out)
+    assert sync_lines[0].startswith(f"rolling out {size} episodes") and "turn 1 of at most" in sync_lines[1]
+    assert cont_lines[0] == sync_lines[0]
+    ends = [line for line in cont_lines if line.startswith("episode ")]
+    assert ends[-1].startswith(f"episode {size} of {size} ended") and len(ends) == min(size, len(ends))
     for key in ("responses", "loss_mask", "position_ids"):
         assert torch.equal(sync_out.batch[key], cont_out.batch[key]), key
     assert synced.most_out <= 2  # one search and one fetch request a turn

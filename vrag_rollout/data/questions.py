@@ -17,9 +17,10 @@ from typing import Optional
 from .dataset import QUESTION_MARK, DatasetError
 
 
-def read_questions(path: Path, limit: Optional[int] = None) -> tuple[list, list[dict]]:
-    """The first `limit` rows of a parquet `convert_dataset` wrote, as prompt samples (instructions
-    and question split back apart, `doc_id`) and their ground truths (the `answer` JSON)."""
+def read_questions(path: Path, limit: Optional[int] = None, offset: int = 0) -> tuple[list, list[dict]]:
+    """`limit` rows from row `offset` of a parquet `convert_dataset` wrote, as prompt samples
+    (instructions and question split back apart, `doc_id`) and their ground truths (the `answer`
+    JSON); an offset past the last row is a `DatasetError`."""
     import pyarrow.parquet as pq
 
     from .prompts import PromptSample
@@ -33,7 +34,11 @@ def read_questions(path: Path, limit: Optional[int] = None) -> tuple[list, list[
     if missing:
         raise DatasetError(str(path), ",".join(sorted(missing)), "no such column: not a converted dataset "
                            "(write one with `vrag-rollout convert-dataset`)")
-    rows = table.slice(0, limit).to_pylist() if limit is not None else table.to_pylist()
+    if offset < 0:
+        raise DatasetError(str(path), "<rows>", f"the offset must be 0 or more, got {offset}")
+    if offset and offset >= table.num_rows:
+        raise DatasetError(str(path), "<rows>", f"no questions from row {offset}: the file has {table.num_rows}")
+    rows = table.slice(offset, limit).to_pylist()
     samples, truths = [], []
     for number, row in enumerate(rows, start=1):
         prompt, answer = (_verl_prompt(row["prompt"]), (row["reward_model"] or {}).get("ground_truth")) if verl \

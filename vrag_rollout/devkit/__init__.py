@@ -9,6 +9,7 @@ offline models of each family.
 - `learn_job`: `vrag-rollout learn`: the closed GRPO loop wired to the engine, retriever and tiny model.
 - `learn_task`: the task it learns by default (find the page): questions, ground truths, action grammar.
 - `learn_report`: the reward plot and the one-line summary of a run.
+- `learn_checkpoints`: `learn`'s checkpoints (`--save-every`, `--resume`) and its TensorBoard log.
 - `tiny_model`: builds a family's tiny random model offline.
 - `tiny_families`: the per-family pieces of the tiny models (configs, templates).
 - `scripted_sampler`: a stand-in for the engine's sampling (always fetches a page), for benchmarks.

@@ -2,7 +2,9 @@
 
 Contract: `run_evaluation(out, data=, model= | family=, index= | retriever_url=, protocol=, ...)`
 reads a converted benchmark file (`convert-dataset --from SET`, either layout; its `eval` column
-names the set, the question's document, its answer format and the set's own categories), rolls
+names the set, the question's document, its answer format and the set's own categories) or a
+file of your own questions (`convert-dataset` without `--from`, no `eval` column: the benchmark
+`questions`, scored by the project's rules, `evaluation.scorers.questions`), rolls
 the model out with the agent in batches of `batch_size` questions against the retriever
 (`protocol.n` samples per question at `protocol.temperature`: by default one, greedily), and
 appends one record per sample to `out/results.jsonl` (`evaluation.results`: the answer, how the
@@ -11,9 +13,10 @@ ViDoSeek with a judge, the judge's verdict). Each batch is saved (`out/episodes/
 the saved-batch format) with its HTML view beside it. An interrupted run continues from
 `results.jsonl`: questions with all their samples there are not rolled out again, and a file
 written under another header is refused (`results_header`: every input that can change a score,
-the index searched among them, `index_identity`). At the end it writes `report.json` and
-`report.md` (`evaluation.report`) and returns the report. With `progress` it prints what it will
-do, what a resume found done, and a line per batch (`evaluation.progress`).
+the index searched (`index_identity`) and the sets the file's questions belong to among them).
+At the end it writes `report.json` and `report.md` (`evaluation.report`) and returns the report.
+With `progress` it prints what it will do, what a resume found done, and a line per batch
+(`evaluation.progress`).
 
 The model: `model`, a local checkpoint of a supported family, or without it the tiny random
 model of `family` (default qwen2-vl), built offline as `rollout` builds it. `grammar` (None: on
@@ -43,19 +46,22 @@ from .job_checks import JobInputError, RetrieverSource, check_retriever
 EVAL_COLUMN = "eval"  # what `convert-dataset --from SET` records for scoring (dataset.py)
 RESULTS, REPORT_JSON, REPORT_MD, EPISODES = "results.jsonl", "report.json", "report.md", "episodes"
 JUDGED_SET = "vidoseek"  # the set VRAG-RL scores with a model judge
-OWN_SET = "own"  # questions converted without --from: scored with the generic exact match and F1
 
 
 def read_benchmark(data: Path) -> tuple[list, list[dict], list[dict]]:
-    """(prompt samples, ground truths, eval infos) of every row of a converted file."""
+    """(prompt samples, ground truths, eval infos) of every row of a converted file. A row without
+    an `eval` column (your own questions) is of the set `questions`, its document the row's own
+    (none in corpus scope), and unanswerable where its reference answer says so ("Not answerable",
+    `evaluation.scorers.questions.answerable`)."""
     import pyarrow.parquet as pq
 
     from ..data.dataset import DatasetError
     from ..data.questions import read_questions
+    from ..evaluation.scorers import questions
 
     if not Path(data).is_file():
-        raise JobInputError(f"--data {data}: no such file (convert a benchmark with `vrag-rollout convert-dataset "
-                            f"--from SET`)")
+        raise JobInputError(f"--data {data}: no such file (convert your questions with `vrag-rollout "
+                            f"convert-dataset`, a benchmark's with `--from SET`)")
     try:
         samples, truths = read_questions(Path(data))
     except DatasetError as error:
@@ -66,15 +72,18 @@ def read_benchmark(data: Path) -> tuple[list, list[dict], list[dict]]:
         raw = table.column(EVAL_COLUMN)[row].as_py() if EVAL_COLUMN in table.column_names else None
         info = json.loads(raw) if raw else {}
         truth = truths[row]
-        infos.append({"set": info.get("set") or OWN_SET, "document": info.get("document") or sample.doc_id,
+        own = not info  # no eval column: your own questions, whose answerable is the reference's word
+        answerable = truth.get("answerable", questions.answerable(str(truth["answer"])) if own else True)
+        infos.append({"set": info.get("set") or questions.NAME, "document": info.get("document") or sample.doc_id,
                       "answer_format": info.get("answer_format"), "categories": info.get("categories") or {},
-                      "reference": info.get("reference"), "answerable": bool(truth.get("answerable", True))})
+                      "reference": info.get("reference"), "answerable": bool(answerable)})
     return samples, truths, infos
 
 
 def in_scope(sample: Any, info: dict, scope: Optional[str], action_format: str, region: bool) -> Any:
     """The sample as the protocol's scope asks: its document named (document) or none (corpus),
     and the format's instructions for that scope where it carries a format's defaults."""
+    from ..evaluation.scorers import questions
     from ..formats import format_named
     from ..formats.base import SCOPES
 
@@ -83,6 +92,10 @@ def in_scope(sample: Any, info: dict, scope: Optional[str], action_format: str, 
     fmt = format_named(action_format)
     doc_id = info["document"] if scope == "document" else None
     if scope == "document" and doc_id is None:
+        if info["set"] == questions.NAME:  # converted in corpus scope: the rows name no document
+            raise JobInputError("--scope document: your own questions converted with --scope corpus name no "
+                                "document (an open-domain one has none); evaluate them with --scope corpus, or "
+                                "convert them again without --scope corpus")
         raise JobInputError("--scope document: the data does not record each question's document; convert it "
                             "again with `vrag-rollout convert-dataset --from SET`")
     defaults = {fmt.instructions_for(region, s) for s in SCOPES}
@@ -217,6 +230,7 @@ def run_evaluation(out: Path, *, data: Path, protocol: Any, model: Optional[str]
     if index is None and retriever_url is None:
         raise JobInputError("name the retriever: --index DIR (served for the run) or --retriever-url URL")
     samples, truths, infos = read_benchmark(Path(data))
+    sets = sorted({info["set"] for info in infos})  # the whole file's: a --limit run resumes into the same file
     if limit is not None:
         samples, truths, infos = samples[:limit], truths[:limit], infos[:limit]
     written = written_for(samples)
@@ -243,7 +257,7 @@ def run_evaluation(out: Path, *, data: Path, protocol: Any, model: Optional[str]
     header = results_header(protocol, data=str(Path(data).resolve()), data_sha256=_digest(Path(data)),
                             model=str(model_dir), model_fingerprint=_fingerprint(model_dir),
                             scopes=sorted({"corpus" if s.doc_id is None else "document" for s in samples}),
-                            grammar=grammar, index=index_identity(index, retriever_url))
+                            grammar=grammar, index=index_identity(index, retriever_url), sets=sets)
     out = Path(out)
     try:
         results = ResultsFile.open(out / RESULTS, header)
@@ -263,12 +277,13 @@ def run_evaluation(out: Path, *, data: Path, protocol: Any, model: Optional[str]
 
 
 def results_header(protocol: Any, *, data: str, data_sha256: str, model: str, model_fingerprint: str,
-                   scopes: list[str], grammar: bool, index: dict) -> dict:
+                   scopes: list[str], grammar: bool, index: dict, sets: list[str]) -> dict:
     """`results.jsonl`'s header: everything a resumed run must share with the first because it can
     change a score: the protocol, the data (its bytes, not only its path), the model (its weights,
     not only its path), the scopes the rows were searched in, whether a grammar shaped the
-    actions, and the index searched (`index_identity`)."""
-    return {"protocol": protocol.to_dict(), "data": data, "data_sha256": data_sha256, "model": model,
+    actions, the index searched (`index_identity`), and the sets the data's questions belong to,
+    whose rules score them (`questions`: your own questions, the project's rules)."""
+    return {"protocol": protocol.to_dict(), "data": data, "data_sha256": data_sha256, "sets": sets, "model": model,
             "model_fingerprint": model_fingerprint, "scopes": scopes, "grammar": grammar, "index": index}
 
 

@@ -24,11 +24,25 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
+from .learn_checkpoints import CHECKPOINTS, checkpoint_step, latest_checkpoint, restore
+
 
 def check_settings(*, steps: int, batch_size: int, n: int, max_turns: int, response_length: int,
-                   temperature: float, lr: float, data: Optional[Path] = None, index: Optional[Path] = None) -> None:
+                   temperature: float, lr: float, data: Optional[Path] = None, index: Optional[Path] = None,
+                   out_dir: Optional[Path] = None, resume: bool = False, save_every: int = 0) -> None:
     """Refuse settings the loop cannot learn from, before any model or engine is loaded."""
     from .learn_task import task_facts
+
+    if save_every < 0:
+        raise ValueError(f"save_every must be >= 0, got {save_every}")
+    if resume:
+        found = latest_checkpoint(out_dir) if out_dir is not None else None
+        if found is None:
+            raise ValueError(f"--resume: no checkpoint under {Path(out_dir or '.') / CHECKPOINTS} (a run saves them "
+                             "with --save-every N)")
+        step = checkpoint_step(found)
+        if step >= steps:
+            raise ValueError(f"--resume: {found} is step {step}, and the run has {steps} steps: raise --steps")
 
     problems = [f"{name} must be >= {low}, got {value}" for name, value, low in
                 (("steps", steps, 1), ("batch_size", batch_size, 1), ("max_turns", max_turns, 1),
@@ -101,12 +115,13 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
               retriever_url: Optional[str] = None, fixtures: Optional[str] = None, action_format: str = "tags",
               data: Optional[Path] = None, index: Optional[Path] = None, evaluate: bool = True,
               progress: bool = True, retriever_preflight: str = "fail", guard: str = "drop",
-              grammar: Optional[bool] = None) -> dict:
+              grammar: Optional[bool] = None, save_every: int = 0, resume: bool = False) -> dict:
     """Run the loop and write its outputs (module docstring); returns {"records", "summary",
     "hf_model", "llm", "agent", "model_dir", "processor", "final_dir", "eval_path", "report",
     "questions", "truths"}."""
     check_settings(steps=steps, batch_size=batch_size, n=n, max_turns=max_turns,
-                   response_length=response_length, temperature=temperature, lr=lr, data=data, index=index)
+                   response_length=response_length, temperature=temperature, lr=lr, data=data, index=index,
+                   out_dir=out_dir, resume=resume, save_every=save_every)
     import copy
 
     import torch
@@ -121,6 +136,7 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
     from ..verify.drift import batch_drift
     from ..verify.guard import LiveGuard, guarded
     from .demo import cache_dir, demo_config, demo_model, demo_page_band, demo_prompts, prepare_index
+    from .learn_checkpoints import TensorBoardLog, save_checkpoint
     from .learn_report import plot_rewards, summary_line
 
     configure_cpu_defaults()
@@ -168,11 +184,23 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
             with torch.no_grad():
                 return response_log_probs(initial, processor, batch, temperature)
 
+        optimizer = torch.optim.AdamW(hf_model.parameters(), lr=lr, weight_decay=0.0)
+        start_step = 1
+        if resume:
+            start_step = resumed_step(out_dir, steps, hf_model, optimizer) + 1
+            sync(hf_model)  # the engine serves the checkpoint's weights from the first rollout on
+        board = TensorBoardLog(out_dir)
+        stack.callback(board.close)
         # disable=None: no bar when the output is not a terminal (piped, a log file); the step lines stay
-        bar = stack.enter_context(tqdm(total=steps, desc="learn", unit="step", disable=None if progress else True))
+        bar = stack.enter_context(tqdm(total=steps, initial=start_step - 1, desc="learn", unit="step",
+                                       disable=None if progress else True))
 
         def on_step(record: dict) -> None:
             bar.update(1)
+            board(record)
+            if save_every and (record["step"] % save_every == 0 or record["step"] == steps):
+                saved = save_checkpoint(out_dir, record["step"], hf_model, optimizer, processor)
+                bar.write(f"saved {saved} (resume with --resume)")
             bar.set_postfix(reward=f"{record['reward_mean']:.2f}", gap=f"{record['logprob_gap_max']:.1e}")
             if (why := no_signal([record])) is not None:
                 bar.write(f"warning: step {record['step']}: {why}")
@@ -184,13 +212,15 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
                 bar.write(f"warning: step {record['step']}: the guard found {record['guard_bad']:.0f} bad samples "
                           f"(dropped from the loss: {record['guard_dropped']:.0f})")
 
+        earlier = earlier_records(out_dir, start_step)
         records = learn(
             prompts, rollout=rollout, sync=sync, probe=probe, reference=reference,
             reward=lambda batch: episode_scores(batch, tokenizer, truths),
-            hf_model=hf_model, optimizer=torch.optim.AdamW(hf_model.parameters(), lr=lr, weight_decay=0.0),
+            hf_model=hf_model, optimizer=optimizer,
             processor=processor, n=n, temperature=temperature, steps=steps, out_dir=out_dir, on_step=on_step,
-            drift=learn_drift,
+            drift=learn_drift, start_step=start_step,
         )
+        records = earlier + records
         bar.close()
         summary = reward_summary(records)
         print(summary_line(summary))
@@ -210,6 +240,26 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
     return {"records": records, "summary": summary, "hf_model": hf_model, "llm": engine, "agent": agent,
             "model_dir": Path(model_dir), "processor": processor, "final_dir": final_dir, "eval_path": eval_path,
             "report": report, "questions": [sample.question for sample in samples], "truths": truths}
+
+
+def resumed_step(out_dir: Path, steps: int, hf_model: Any, optimizer: Any) -> int:
+    """The latest checkpoint's weights and optimizer state restored; the step it was saved after
+    (`LearnError` without one, or when it already reached `steps`)."""
+    from ..training.learn import LearnError
+
+    found = latest_checkpoint(out_dir)
+    if found is None or checkpoint_step(found) >= steps:  # check_settings says why, before anything loads
+        raise LearnError(f"--resume: no checkpoint before step {steps} under {Path(out_dir) / CHECKPOINTS}")
+    step = restore(found, hf_model, optimizer)
+    print(f"resuming from {found}: steps {step + 1} to {steps}")
+    return step
+
+
+def earlier_records(out_dir: Path, start_step: int) -> list:
+    """A resumed run's metrics lines before `start_step` (for its summary and plot)."""
+    from ..training.learn import METRICS_FILE, steps_before
+
+    return steps_before(Path(out_dir) / METRICS_FILE, start_step) if start_step > 1 else []
 
 
 def save_final(hf_model: Any, processor: Any, model_dir: Path, final_dir: Path) -> Path:

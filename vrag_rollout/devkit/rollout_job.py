@@ -37,15 +37,16 @@ def default_prompt_length(action_format: str) -> int:
     return PROMPT_LENGTH_WITH_TOOLS if format_named(action_format).renders_tools else PROMPT_LENGTH
 
 
-def read_job_questions(data: Path, batch_size: int) -> tuple[list, list]:
-    """The questions and truths, or `JobInputError` for a file that is not a converted dataset."""
+def read_job_questions(data: Path, batch_size: int, offset: int = 0) -> tuple[list, list]:
+    """The questions and truths (`batch_size` rows from row `offset`), or `JobInputError` for a
+    file that is not a converted dataset."""
     from ..data.dataset import DatasetError
     from ..data.questions import read_questions
 
     if not Path(data).is_file():
         raise JobInputError(f"--data {data}: no such file (write one with `vrag-rollout convert-dataset`)")
     try:
-        return read_questions(Path(data), batch_size)
+        return read_questions(Path(data), batch_size, offset)
     except DatasetError as error:
         data = Path(data)
         converted = data.with_suffix(".parquet") if data.suffix != ".parquet" else data
@@ -71,7 +72,7 @@ def job_format(samples: list, action_format: Optional[str], region_action: Optio
     return fmt, region
 
 
-def page_counts_of(data: Path, limit: int) -> Optional[list]:
+def page_counts_of(data: Path, limit: int, offset: int = 0) -> Optional[list]:
     """The page counts the data recorded per row (convert-dataset --index), or None."""
     import pyarrow.parquet as pq
 
@@ -81,7 +82,7 @@ def page_counts_of(data: Path, limit: int) -> Optional[list]:
     table = pq.read_table(data)
     if PAGE_COUNT not in table.column_names:
         return None
-    return [page_count_value(value) for value in table.column(PAGE_COUNT).slice(0, limit).to_pylist()]
+    return [page_count_value(value) for value in table.column(PAGE_COUNT).slice(offset, limit).to_pylist()]
 
 
 def grammar_max_page(page_counts: Optional[list], index: Optional[Path]) -> int:
@@ -99,7 +100,8 @@ def run_rollout(out: Path, *, data: Path, index: Optional[Path] = None, retrieve
                 batch_size: int = 8, n: int = 1, max_turns: int = 4, response_length: int = 1024,
                 temperature: float = 1.0, seed: int = 0, action_format: Optional[str] = None,
                 region_action: Optional[bool] = None, grammar: Optional[bool] = None,
-                prompt_length: Optional[int] = None, retriever_preflight: str = "fail", llm: Any = None) -> dict:
+                prompt_length: Optional[int] = None, retriever_preflight: str = "fail", llm: Any = None,
+                offset: int = 0) -> dict:
     """The job (module docstring); `llm` is an already running engine of the same model (tests
     share one). Returns `finish_demo`'s dict."""
     from ..data.prompts import build_prompts
@@ -111,9 +113,9 @@ def run_rollout(out: Path, *, data: Path, index: Optional[Path] = None, retrieve
     if index is None and retriever_url is None and fixtures is None:
         raise JobInputError("name the retriever: --index DIR (served for the run) or --retriever-url URL "
                             "(or --fixtures FILE to replay recorded traffic)")
-    samples, truths = read_job_questions(Path(data), batch_size)
+    samples, truths = read_job_questions(Path(data), batch_size, offset)
     fmt, region = job_format(samples, action_format, region_action)
-    page_counts = page_counts_of(Path(data), batch_size)
+    page_counts = page_counts_of(Path(data), batch_size, offset)
     source = RetrieverSource(index=index, url=retriever_url, fixtures=fixtures)
     check_retriever(source, [sample.doc_id for sample in samples], page_counts, retriever_preflight)
     model_dir, _family = demo_model(family, model)

@@ -152,6 +152,9 @@ def _modules_hidden_from_kernel_scan() -> Iterator[None]:
 
 def create_llm(**llm_kwargs: Any) -> Any:
     """`vllm.LLM(**llm_kwargs)`, startable on CPU whatever else the process has imported."""
+    from ..progress import report
+
+    report("starting vLLM with %s (about half a minute on a CPU, seconds on a GPU)", llm_kwargs.get("model"))
     configure_cpu_defaults()
     from vllm import LLM
     from vllm.platforms import current_platform

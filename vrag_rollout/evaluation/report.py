@@ -6,11 +6,14 @@ reproduces the numbers: model and weights, data and bytes, index, scopes searche
 protocol switch, judge); `headline(report)` is a line per benchmark for the terminal. Per
 benchmark (`set`): how many questions and samples there were, how many samples entered the
 averages (`counted`) and why the others did not (`excluded_capped`: no answer within the turn or
-token budget, with `capped: exclude`; `excluded_unanswerable`, with `unanswerable: exclude`), the
-set's own headline numbers (`scores`: its scorer's `aggregate` over the counted samples'
-per-question metrics; ViDoSeek's include the judge's accuracy where a judge scored, and
-`unsearched`, the answers scored 0 for want of a search, where that rule applied), and the
-retrieval means over the counted samples that have gold pages (`recall`, `ndcg`, with their count).
+token budget, with `capped: exclude`; `excluded_unanswerable`, with `unanswerable: exclude`), which
+rules score the set (`scoring`: its scorer's `rules`, a set's published scoring or the project's
+own, as for your own questions, `questions`), the set's own headline numbers (`scores`: its
+scorer's `aggregate` over the counted samples' per-question metrics; ViDoSeek's include the
+judge's accuracy where a judge scored, and `unsearched`, the answers scored 0 for want of a
+search, where that rule applied), and the retrieval means over the counted samples that have
+gold pages (`recall`, `ndcg`, with their count; a sample without gold pages, an open-domain or
+unanswerable question's, is left out of them, not counted 0, and report.md says how many).
 
 With n samples per question (`protocol.n` > 1) `scores` is pass@1: the aggregate of each draw
 (every question's sample k) averaged over the draws, so an aggregate that is not a mean
@@ -30,6 +33,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from .protocol import SEARCH_REQUIRED_SETS
 from .scorers import scorer_for
+from .scorers.questions import NAME as OWN_QUESTIONS
 
 
 # an aggregate's counts, beside its scores (not percentages)
@@ -106,7 +110,7 @@ def build_report(records: Sequence[dict], header: dict) -> dict:
         for record in group:
             for category, value in _category_values(record):
                 categories[category][value].append(record)
-        benchmarks[name] = {**summary(group, aggregate, k),
+        benchmarks[name] = {**summary(group, aggregate, k), "scoring": scorer_for(name).rules,
                             "categories": {category: {value: summary(members, aggregate, k)
                                                       for value, members in sorted(values.items())}
                                            for category, values in sorted(categories.items())}}
@@ -141,7 +145,7 @@ GRAMMAR = {True: "on (every turn confined to a well-formed action: what makes a 
 AS_CONVERTED = "each row's own: a doc_id searches its document, none the corpus"
 
 
-SETUP_ORDER = ("model", "model_fingerprint", "data", "data_sha256", "index", "scopes", "grammar")
+SETUP_ORDER = ("model", "model_fingerprint", "data", "data_sha256", "sets", "index", "scopes", "grammar")
 
 
 def _setup(header: dict) -> list[str]:
@@ -158,6 +162,9 @@ def _setup(header: dict) -> list[str]:
             shown = GRAMMAR[bool(value)]
         elif key == "scopes" and isinstance(value, list):
             shown = ", ".join(value) + " (the scopes the rows were searched in)"
+        elif key == "sets" and isinstance(value, list):
+            shown = ", ".join(f"{name} (your own questions, scored by the project's rules)"
+                              if name == OWN_QUESTIONS else name for name in value)
         else:
             shown = f"`{value}`"
         lines.append(f"- `{key}`: {shown}")
@@ -204,9 +211,17 @@ def markdown(report: dict, views: Sequence[str] = ()) -> str:
                       f"pass@{k}: each question scores its best sample, per metric."]
     for name, bench in report["benchmarks"].items():
         scores = [key for key in bench["scores"] if key not in COUNTS]
-        lines += ["", f"## {name}", ""] + _table([("all", bench)], scores, k)
+        lines += ["", f"## {name}", ""]
+        if bench.get("scoring"):
+            lines += [f"Scored by {bench['scoring']}.", ""]
+        lines += _table([("all", bench)], scores, k)
         excluded = bench["excluded_capped"] + bench["excluded_unanswerable"]
         unit = "samples" if k > 1 else ""
+        no_gold = bench["counted"] - bench["retrieval"]["questions"]
+        if no_gold:  # said, so a reader does not take the retrieval means for all counted questions
+            what = f"{'sample' if k > 1 else 'question'}{'s' if no_gold > 1 else ''}"
+            lines += ["", f"{no_gold} counted {what} without a gold page {'are' if no_gold > 1 else 'is'} left out "
+                          "of page recall and page ndcg (not scored 0)."]
         if excluded:
             lines += ["", f"Left out: {bench['excluded_capped']} {unit + ' ' if unit else ''}without an answer "
                           f"(capped: exclude), {bench['excluded_unanswerable']} unanswerable (unanswerable: exclude)."]

@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
+from ..progress import report
 from ..config import AgentRolloutConfig
 from ..engine.llm import VLLMEngine, build_llm, check_engine_limits
 from ..engine.sampling import overrides_from_meta
@@ -88,6 +89,8 @@ class vLLMRollout(BaseRollout):
             n = driver.sampling.n  # an override of n holds for this call only
             episodes = driver.episodes(prompts, n)
             driver.before_rollout(prompts.meta_info)
+            report("rolling out %d episodes (%d questions x %d samples), at most %d turns each", len(episodes),
+                   len(episodes) // max(n, 1), n, driver.max_turns)
             if self.config.rollout_mode == "continuous":
                 run_continuous(driver, self.inference_engine, episodes, clock,
                                max_inflight=max(1, self.config.retriever_max_concurrency))

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Optional, Protocol, TypeVar
 
 from ..engine.llm import ContinuousEngine, VLLMEngine
+from ..progress import report
 from ..turn_output import TurnOutput
 from ..core.episode import Episode
 
@@ -135,6 +136,8 @@ def run_turn_synchronized(driver: Driver, engine: VLLMEngine, episodes: list[Epi
         active = [ep for ep in episodes if driver.ready(ep)]
         if not active:
             break
+        report("turn %d of at most %d: %d of %d episodes still acting", turn + 1, driver.max_turns, len(active),
+               len(episodes))
         requests = [driver.request(ep, turn) for ep in active]
         started = time.perf_counter()
         outputs = engine.generate([r[0] for r in requests], [r[1] for r in requests])
@@ -188,6 +191,7 @@ def run_continuous(driver: Driver, llm: Any, episodes: list[Episode], clock: Sch
 
     waiting: list = []
     inflight: list[_Batch] = []
+    ended = 0
     tools = ThreadPoolExecutor(max_workers=max_inflight, thread_name_prefix="tools")
     failed = True
     try:
@@ -207,6 +211,9 @@ def run_continuous(driver: Driver, llm: Any, episodes: list[Episode], clock: Sch
                 elif not episode.done:  # corrected an invalid action: on to the next turn
                     turns[episode.index] += 1
                     submit(episode)
+                if episode.done:
+                    ended += 1
+                    report_ended(ended, episodes, episode)
             if inflight:
                 # Nothing can run until a batch is back: the engine is empty and no new batch
                 # can go out. Then (and only then) the loop blocks on the retriever.
@@ -226,6 +233,9 @@ def run_continuous(driver: Driver, llm: Any, episodes: list[Episode], clock: Sch
                     for episode, _ in batch.calls:
                         turns[episode.index] += 1
                         submit(episode)
+                        if episode.done:  # ended by its observation (the budget)
+                            ended += 1
+                            report_ended(ended, episodes, episode)
             if waiting and len(inflight) < max_inflight:
                 calls, waiting = waiting, []
                 room = driver.room(calls)
@@ -239,6 +249,13 @@ def run_continuous(driver: Driver, llm: Any, episodes: list[Episode], clock: Sch
         # After an error a tool thread may still be waiting on the retriever: leave it (it
         # returns values only and touches no episode) rather than wait for it here.
         tools.shutdown(wait=not failed, cancel_futures=True)
+
+
+def report_ended(ended: int, episodes: list[Episode], episode: Episode) -> None:
+    """A progress line for an episode that ended: each one in a small batch, else each quarter."""
+    total = len(episodes)
+    if total <= 8 or ended == total or ended * 4 // total > (ended - 1) * 4 // total:
+        report("episode %d of %d ended (%s, %d turns)", ended, total, episode.termination, episode.turns)
 
 
 def call_within(compute: Callable[[], T], deadline_s: Optional[float]) -> T:

@@ -27,7 +27,8 @@ Contract:
      the largest per-turn gap between the update's old log-probs and the rollout's, and its turn,
      when `drift(batch, old_log_probs)` is given) and calls `on_step(record)`; `out_dir/guard.jsonl`
      gets the step's whole `guard/` metrics (per check, per turn, the worst samples). The files are
-     rewritten from the start of a run and flushed after every line.
+     rewritten from the start of a run (appended to from `start_step` when one is continued) and
+     flushed after every line.
 - The loop knows nothing of vLLM, the retriever or the agent (the layer rule: `training/` imports
   only `training/`, `core/` and the leaf modules); `devkit/learn_job.py` wires the real pieces
   (`vrag-rollout learn`).
@@ -197,17 +198,25 @@ def learn(prompts: Any, *, rollout: Callable[[Any], Any], sync: Callable[[Any], 
           reward: Callable[[Any], Sequence[Mapping[str, float]]], reference: Callable[[Any], Any], hf_model: Any,
           optimizer: Any, processor: Any, n: int, temperature: float, steps: int, out_dir: Path, config: Any = None,
           gap_tolerance: float = GAP_TOLERANCE, on_step: Optional[Callable[[dict], None]] = None,
-          drift: Optional[Callable[[Any, Any], Mapping[str, Any]]] = None) -> list[dict]:
-    """Run the loop (module docstring); returns the metrics lines written."""
+          drift: Optional[Callable[[Any, Any], Mapping[str, Any]]] = None, start_step: int = 1) -> list[dict]:
+    """Run the loop (module docstring); returns the metrics lines written. `start_step` > 1
+    continues a run (its weights and optimizer restored by the caller): steps `start_step` to
+    `steps` are run and appended to the files, whose lines of later steps are dropped first."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
+    if not 1 <= start_step <= steps:
+        raise ValueError(f"start_step must be in 1..{steps}, got {start_step}")
     config = actor_config(n) if config is None else config
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    mode = "w" if start_step == 1 else "a"
+    if start_step > 1:
+        for name in (METRICS_FILE, GUARD_FILE):
+            keep_steps_before(out_dir / name, start_step)
     records: list[dict] = []
-    with open(out_dir / METRICS_FILE, "w", encoding="utf-8") as metrics_file, \
-            open(out_dir / GUARD_FILE, "w", encoding="utf-8") as guard_file:
-        for step in range(1, steps + 1):
+    with open(out_dir / METRICS_FILE, mode, encoding="utf-8") as metrics_file, \
+            open(out_dir / GUARD_FILE, mode, encoding="utf-8") as guard_file:
+        for step in range(start_step, steps + 1):
             started = time.perf_counter()
             batch = rollout(prompts)
             scores = list(reward(batch))
@@ -237,5 +246,19 @@ def learn(prompts: Any, *, rollout: Callable[[Any], Any], sync: Callable[[Any], 
     return records
 
 
+def steps_before(path: Path, step: int) -> list[dict]:
+    """The JSON lines of `path` whose `step` is before `step` (a resumed run's earlier steps)."""
+    if not Path(path).exists():
+        return []
+    lines = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [line for line in lines if int(line.get("step", 0)) < step]
+
+
+def keep_steps_before(path: Path, step: int) -> None:
+    """Drop the lines of `path` from `step` on (lines a crash left after its checkpoint)."""
+    if Path(path).exists():
+        Path(path).write_text("".join(json.dumps(line) + "\n" for line in steps_before(path, step)), encoding="utf-8")
+
+
 __all__ = ["GAP_TOLERANCE", "GUARD_FILE", "MOVEMENT_FACTOR", "LearnError", "no_signal", "METRICS_FILE", "STEP_FIELDS", "check_record", "episode_scores",
-           "episode_texts", "learn", "pages_shown_mean", "reward_summary", "step_record", "turns_mean"]
+           "episode_texts", "keep_steps_before", "learn", "pages_shown_mean", "steps_before", "reward_summary", "step_record", "turns_mean"]

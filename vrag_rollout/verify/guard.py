@@ -253,6 +253,7 @@ def _images(batch: Any) -> list[list]:
 
 # ---- what to do with bad samples ----
 MODES = ("fail", "drop", "warn", "off")  # = config.GUARD_MODES (verify imports nothing of the rollout)
+SAMPLES_AUTO = "auto"  # = config.GUARD_SAMPLES_AUTO: unresolved, no run output named, so none saved
 _MASKS = ("response_mask", "loss_mask")  # EasyR1's loss reads response_mask; the rollout's batch has both
 GUARD_COLUMN = "vrag_guard"  # per row: that sample's verdict (`row_verdicts`), for trainers that reduce per row
 
@@ -408,6 +409,7 @@ class LiveGuard:
             return None
         guard = Guard(model_dir, positions_fraction=getattr(config, "guard_positions_fraction", 0.125), seed=rank)
         directory = getattr(config, "guard_samples_dir", None)
+        directory = None if directory == SAMPLES_AUTO else directory  # a trainer resolves "auto" to its run's output
         samples = (BadSampleLog(directory, getattr(config, "guard_samples_limit", 16), rank=rank,
                                 processor=processor or guard.oracle.processor, model_path=model_dir, config=config)
                    if directory else None)

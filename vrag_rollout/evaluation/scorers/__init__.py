@@ -2,9 +2,12 @@
 
 `scorer_for(set_name)` gives the set's `Scorer` (`base`): `score(prediction, reference,
 answer_format=None, answerable=True, *, question="")` per question and `aggregate(rows)` for
-the set's headline numbers with counts. Set names are the project's (`convert-dataset --from`).
+the set's headline numbers with counts, and `rules`, which rules those are. Set names are the
+project's (`convert-dataset --from`), and `questions` for your own questions.
 
 - `base`: the `Scorer` interface, shared counting, and the generic exact-match / token-F1 scorer (MMDocIR).
+- `questions`: your own questions (converted without --from): the project's rules, exact match and
+  token F1, and "Not answerable" marking an unanswerable question.
 - `mmlongbench`: MMLongBench-Doc's per-format score (Int, Float, Str, List, None) and its accuracy and F1.
 - `longdocurl`: LongDocURL's per-format score_v3 (Integer, Float, String, List, None) and its mean accuracy.
 - `slidevqa`: SlideVQA's exact match and token F1 after its own normalization.
@@ -13,7 +16,7 @@ the set's headline numbers with counts. Set names are the project's (`convert-da
 
 from __future__ import annotations
 
-from . import longdocurl, mmlongbench, slidevqa, vidoseek
+from . import longdocurl, mmlongbench, questions, slidevqa, vidoseek
 from .base import GENERIC, Scorer
 
 SCORERS: dict[str, Scorer] = {
@@ -22,7 +25,7 @@ SCORERS: dict[str, Scorer] = {
     "mmlongbench-doc": mmlongbench.SCORER,
     "longdocurl": longdocurl.SCORER,
     "mmdocir": GENERIC,  # a retrieval benchmark: it publishes no answer scoring
-    "own": GENERIC,  # your own questions (converted without --from)
+    questions.NAME: questions.SCORER,  # your own questions (converted without --from)
 }
 
 

@@ -17,6 +17,9 @@ A `Scorer` is two functions:
   `score` returned. Every aggregate holds `accuracy`, `count` (questions) and `unanswered`
   (None predictions among them), and `unsearched` where rows carry it; an empty list gives zeros.
 
+Each `Scorer` also carries `rules`: one sentence saying which rules score its set and whose they
+are (a set's published scoring, or the project's own), which the report prints with the set.
+
 The generic scorer (`GENERIC`, used for MMDocIR, a page/layout RETRIEVAL benchmark that
 publishes no answer scoring) gives `accuracy` = normalized exact match and `f1` = token F1,
 both with `vrag_rollout.core.reward`'s SQuAD-style normalization (lower case, ASCII punctuation
@@ -36,11 +39,13 @@ Row = dict[str, float]
 
 @dataclass(frozen=True)
 class Scorer:
-    """One set's answer scoring: `score` per question, `aggregate` over a set (module docstring)."""
+    """One set's answer scoring: `score` per question, `aggregate` over a set, `rules` in words
+    (module docstring)."""
 
     name: str
     score: Callable[..., Row]
     aggregate: Callable[[list[Row]], Row]
+    rules: str = ""
 
 
 def counts(per_question: list[Row]) -> Row:
@@ -76,4 +81,9 @@ def mean_aggregate(per_question: list[Row]) -> Row:
     return {"accuracy": mean(per_question, "accuracy"), "f1": mean(per_question, "f1"), **counts(per_question)}
 
 
-GENERIC = Scorer("generic", generic_score, mean_aggregate)
+# the words the generic rules are described in (MMDocIR's and your own questions' scorers)
+GENERIC_RULES = ("`accuracy` is normalized exact match and `f1` token F1 against the reference answer, both "
+                 "after vrag_rollout.core.reward's normalization (lower case; ASCII punctuation and the articles "
+                 "a, an, the dropped; whitespace collapsed)")
+GENERIC = Scorer("generic", generic_score, mean_aggregate,
+                 rules=f"the project's rules (MMDocIR publishes retrieval metrics only): {GENERIC_RULES}")

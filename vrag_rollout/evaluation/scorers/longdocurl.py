@@ -165,4 +165,6 @@ def aggregate(per_question: list[Row]) -> Row:
     return {"accuracy": mean(per_question, "accuracy"), **counts(per_question)}
 
 
-SCORER = Scorer("longdocurl", score, aggregate)
+SCORER = Scorer("longdocurl", score, aggregate,
+                rules="LongDocURL's published scoring (utils/utils_score_v3.py): a score per answer format, "
+                      "`accuracy` its mean; the `<answer>` is scored without the paper's answer extraction")

@@ -202,4 +202,7 @@ def aggregate(per_question: list[Row]) -> Row:
             "answerable": float(len(answerable)), "predicted_answerable": float(predicted), **counts(per_question)}
 
 
-SCORER = Scorer("mmlongbench-doc", score, aggregate)
+SCORER = Scorer("mmlongbench-doc", score, aggregate,
+                rules="MMLongBench-Doc's published scoring (eval/eval_score.py): a score per answer format, "
+                      "`accuracy` its mean and `f1` of answer precision and recall; the `<answer>` is scored "
+                      "without the paper's answer extraction")

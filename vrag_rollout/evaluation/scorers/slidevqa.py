@@ -86,4 +86,6 @@ def aggregate(per_question: list[Row]) -> Row:
     return {"accuracy": mean(per_question, "accuracy"), "f1": mean(per_question, "f1"), **counts(per_question)}
 
 
-SCORER = Scorer("slidevqa", score, aggregate)
+SCORER = Scorer("slidevqa", score, aggregate,
+                rules="SlideVQA's published scoring (evaluate.py): exact match (`accuracy`) and token F1 (`f1`) "
+                      "after its normalization")

@@ -142,4 +142,7 @@ def aggregate(per_question: list[Row]) -> Row:
     return {**out, **counts(per_question)}
 
 
-SCORER = Scorer("vidoseek", score, aggregate)
+SCORER = Scorer("vidoseek", score, aggregate,
+                rules="ViDoSeek as VRAG-RL scores it: with --judge, a local judge's verdict on VRAG-RL's criteria "
+                      "(`judge_accuracy`); beside it the project's rule-based `accuracy` (normalized exact match), "
+                      "`f1` (token F1) and `contains`, as VRAG-RL publishes no rule-based metric")

@@ -8,7 +8,7 @@ import dataclasses
 import os
 from typing import Any, Iterable, Optional, Sequence
 
-from ...config import AgentRolloutConfig
+from ...config import AgentRolloutConfig, guard_samples_under
 from ...formats import FORMATS
 from .common import AGENT_ROLLOUT_NAME, CONFIG_CLASS_NAME, MODULE, lock
 from .detect import require_easyr1
@@ -179,6 +179,11 @@ def load_ppo_config(argv: Optional[Sequence[str]] = None) -> Any:
     layers.append(cli)
     ppo_config = OmegaConf.to_object(OmegaConf.merge(*layers))
     ppo_config.deep_post_init()
+    rollout = ppo_config.worker.rollout
+    if hasattr(rollout, "guard_samples_dir"):  # "auto": beside the run's checkpoints, as an absolute path
+        trainer = getattr(ppo_config, "trainer", None)
+        found = guard_samples_under(rollout.guard_samples_dir, getattr(trainer, "save_checkpoint_path", None))
+        rollout.guard_samples_dir = os.path.abspath(found) if found else found
     problems = check_agent_config(ppo_config)
     if problems:
         raise ValueError("config is not usable with the vrag agent: " + "; ".join(problems))

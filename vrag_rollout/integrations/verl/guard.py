@@ -37,8 +37,8 @@ Where, and why there:
   guard checks it against the loss mask and the driver's drift reads it.
 
 Settings: the `guard*` fields of the loop's `vrag` entry (`AgentRolloutConfig`: `guard: fail |
-drop | warn | off`, default `drop`; `guard_positions_fraction`; `guard_samples_dir`, relative to
-the worker's working directory: give an absolute path on a cluster; `guard_samples_limit`), the
+drop | warn | off`, default `drop`; `guard_positions_fraction`; `guard_samples_dir`, by default
+`guard_bad_samples/` under `trainer.default_local_dir` (beside the run's checkpoints); `guard_samples_limit`), the
 model being the entry's `model_path` or `actor_rollout_ref.model.path`. `fail` raises
 `GuardFailure` in the worker, which stops the step. A batch with rows of another agent loop is
 not guarded (its rows are not in our action format); the worker says so once.
@@ -57,7 +57,7 @@ from typing import Any, Optional
 import torch
 from verl.experimental.agent_loop.agent_loop import AgentLoopManager, _agent_loop_registry
 
-from ...config import AgentRolloutConfig
+from ...config import AgentRolloutConfig, guard_samples_under
 from ...core.pages import pixels
 from ...verify.drift import old_log_prob_drift
 from ...verify.guard import LiveGuard, batch_counts
@@ -84,7 +84,10 @@ def guard_config(trainer_config: Any) -> tuple[str, AgentRolloutConfig]:
 
         vrag = OmegaConf.to_container(vrag, resolve=True)
     model_path = get("model_path") or str(trainer_config.actor_rollout_ref.model.path)
-    return str(model_path), AgentRolloutConfig(**agent_config(trainer_config.actor_rollout_ref.rollout, dict(vrag)))
+    config = AgentRolloutConfig(**agent_config(trainer_config.actor_rollout_ref.rollout, dict(vrag)))
+    trainer = getattr(trainer_config, "trainer", None)
+    run_output = getattr(trainer, "default_local_dir", None) if trainer is not None else None
+    return str(model_path), config.updated(guard_samples_dir=guard_samples_under(config.guard_samples_dir, run_output))
 
 
 def attach_turn_ids(batch: Any) -> bool:
