@@ -149,3 +149,18 @@ def test_a_checkpoint_restores_the_weights_and_the_optimizer(tmp_path):
     restored = fresh_optimizer.state_dict()["state"]
     assert set(restored) == set(optimizer.state_dict()["state"]) and restored
     assert not list(tmp_path.glob("checkpoints/*.partial"))
+
+
+def test_a_mistyped_output_path_is_refused_not_created(tmp_path, capsys):
+    """Issue 48, item 7: `--out /no/such/dir/x.parquet` created `/no`; one missing directory (a
+    fresh clone's `artifacts/`) is still made."""
+    source = tmp_path / "q.json"
+    source.write_text(json.dumps([QUESTION]))
+    deep = tmp_path / "no" / "such" / "dir" / "x.parquet"
+    assert main(["convert-dataset", str(source), "--out", str(deep)]) == 2
+    said = capsys.readouterr().err
+    assert f"{tmp_path / 'no'} does not exist" in said and not (tmp_path / "no").exists()
+    assert main(["convert-dataset", str(source), "--out", str(tmp_path / "new" / "x.parquet")]) == 0
+    said = refused(["rollout", "--data", str(tmp_path / "new" / "x.parquet"), "--fixtures", "f.json",
+                    "--out", str(tmp_path / "no" / "such" / "x.pt")], capsys)
+    assert "does not exist (a mistyped path?)" in said and not (tmp_path / "no").exists()

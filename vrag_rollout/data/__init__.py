@@ -7,6 +7,7 @@
 - `convert_command`: `vrag-rollout convert-dataset`, the command around `dataset` (summary, warnings, exit codes).
 - `sources`: reading the public document-QA sets (SlideVQA, MMLongBench-Doc, MMDocIR, LongDocURL,
   ViDoSeek) in their own released layouts into `dataset`'s question records, and their document lists.
+- `output_path`: refusing a mistyped `--out` (more than its last directory missing).
 - `question_text`: a questions file's text, or what the file is instead (a PDF, a parquet, not UTF-8).
 - `json_numbers`: JSON whose numbers keep their source text (an answer "3.50" stays "3.50").
 - `fixture_calls`: recording the retriever calls a converted dataset's questions can make, for replay.

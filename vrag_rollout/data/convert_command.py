@@ -25,6 +25,13 @@ def convert_dataset_command(source: Path, out: Path, *, index_dir: Optional[Path
     the index must hold as JSON with `documents_path`); 2 on bad input."""
     import sys
 
+    from .output_path import output_problem
+
+    for flag, path in (("--out", out), ("--val-out", val_out), ("--report", report_path), ("--documents", documents_path)):
+        problem = output_problem(path, flag) if path is not None else None
+        if problem is not None:
+            print(f"convert-dataset: {problem}", file=sys.stderr)
+            return 2
     try:
         report = convert_dataset(source, out, index_dir=index_dir, page_base=page_base, drop_missing=drop_missing,
                                  action_format=action_format, val_out=val_out, val_fraction=val_fraction,

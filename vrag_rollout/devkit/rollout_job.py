@@ -108,6 +108,10 @@ def run_rollout(out: Path, *, data: Path, index: Optional[Path] = None, retrieve
     from .demo import FREE_QUERY, acting_grammar, add_truths_and_rewards, demo_config, demo_model, demo_page_band, \
         finish_demo, in_corpus_scope
 
+    from ..data.output_path import output_problem
+
+    if (problem := output_problem(Path(out), "--out")) is not None:
+        raise JobInputError(problem)
     if index is not None and retriever_url is not None:
         raise JobInputError("pass only one of --index DIR (served for the run) and --retriever-url URL")
     if index is None and retriever_url is None and fixtures is None:
