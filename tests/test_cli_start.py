@@ -79,23 +79,25 @@ def test_help_shows_no_empty_default(command, capsys):
     assert "(default qwen2-vl)" in help_text  # the family option still says what runs without it
 
 
-def test_a_usage_error_in_a_subcommand_prints_that_subcommands_usage(capsys):
+def test_a_value_error_in_a_subcommand_is_one_line_and_a_usage_error_shows_the_usage(capsys):
+    """A value out of range is one line (issue 48: no usage tail for a value error); a choice the
+    subcommand does not offer is a usage error and still prints that subcommand's usage."""
     from vrag_rollout.cli import main
 
-    with pytest.raises(SystemExit) as exit_info:
-        main(["learn", "--n", "1"])
+    assert main(["learn", "--n", "1"]) == 2
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2
-    assert err.startswith("usage: vrag-rollout learn") and "n must be >= 2" in err
+    assert err.startswith("vrag-rollout learn: error: ") and "n must be >= 2" in err and "usage:" not in err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["learn", "--guard", "nope"])
+    assert exit_info.value.code == 2 and capsys.readouterr().err.startswith("usage: vrag-rollout learn")
 
 
 def test_learn_on_a_question_file_says_to_convert_it_first(tmp_path, capsys):
     from vrag_rollout.cli import main
 
     (tmp_path / "samples.json").write_text('[{"query": "q", "reference_answer": "a"}]')
-    with pytest.raises(SystemExit) as exit_info:
-        main(["learn", "--data", str(tmp_path / "samples.json"), "--out", str(tmp_path / "out")])
+    assert main(["learn", "--data", str(tmp_path / "samples.json"), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert "Traceback" not in err and "usage:" not in err
     assert "not a parquet file" in err and f"vrag-rollout convert-dataset {tmp_path / 'samples.json'}" in err
     assert not (tmp_path / "out").exists()

@@ -123,8 +123,8 @@ SUBSTITUTIONS = {
     # same make target into its own directory, so that artifacts/learn stays the qwen2-vl run
     # the checks above read.
     "make learn FAMILY=qwen3-vl ACTION_FORMAT=tool_call": (
-        'make learn FAMILY=qwen3-vl ACTION_FORMAT="tool_call --steps 2 --out artifacts/learn-qwen3-vl"',
-        "2 steps instead of 40 (time), into artifacts/learn-qwen3-vl (keeps artifacts/learn for "
+        'make learn FAMILY=qwen3-vl ACTION_FORMAT="tool_call --steps 1 --out artifacts/learn-qwen3-vl"',
+        "1 step instead of 40 (time), into artifacts/learn-qwen3-vl (keeps artifacts/learn for "
         "the checks)"),
 }
 

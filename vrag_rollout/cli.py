@@ -375,7 +375,9 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from .data.convert_command import convert_dataset_command
 
         if args.val_out is not None and not 0 < args.val_fraction < 1:
-            parser.error(f"--val-fraction must be between 0 and 1, got {args.val_fraction}")
+            from .devkit.job_checks import JobInputError
+
+            raise JobInputError(f"--val-fraction must be between 0 and 1, got {args.val_fraction}")
         return convert_dataset_command(args.source, args.out, index_dir=args.index, report_path=args.report,
                                        page_base=args.page_base, drop_missing=args.drop_missing,
                                        action_format=args.action_format, val_out=args.val_out,
@@ -438,7 +440,7 @@ def _evaluate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _learn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from .devkit.job_checks import RetrieverSource, check_retriever
+    from .devkit.job_checks import JobInputError, RetrieverSource, check_retriever
     from .devkit.learn_job import check_settings, learn_questions, run_learn
 
     settings = dict(steps=args.steps, batch_size=args.batch_size, n=args.n, max_turns=args.max_turns,
@@ -446,8 +448,8 @@ def _learn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     sources = dict(data=args.data, index=args.index)
     try:
         check_settings(**settings, **sources, out_dir=args.out, resume=args.resume, save_every=args.save_every)
-    except ValueError as error:
-        parser.error(str(error))
+    except ValueError as error:  # a value, not the usage: one line, no usage tail
+        raise JobInputError(str(error)) from None
     samples, _truths, page_counts = learn_questions(args.data, args.batch_size, args.action_format)
     embedded = args.retriever_url is None and args.fixtures is None
     index = args.index
