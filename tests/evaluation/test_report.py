@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from tests.evaluation.test_results_header import leaves  # a header's fields as dotted names
+
 import pytest
 
 from vrag_rollout.evaluation.protocol import Protocol
@@ -46,14 +48,6 @@ def full_header(**protocol) -> dict:
                           model="/models/tiny-qwen2-vl", model_fingerprint="feedbeef", scopes=["document"],
                           grammar=True, index={"version": "a1b2c3d4e5f60718", "documents": 3, "pages": 13},
                           sets=["mmlongbench-doc"])
-
-
-def leaves(value, prefix=""):
-    if isinstance(value, dict) and value:
-        for key, item in value.items():
-            yield from leaves(item, f"{prefix}{key}.")
-    else:
-        yield prefix[:-1], value
 
 
 def test_the_report_states_everything_the_results_header_records():
