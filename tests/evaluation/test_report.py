@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-from tests.evaluation.test_results_header import leaves  # a header's fields as dotted names
-
 import pytest
 
+from tests.evaluation.test_results_header import leaves  # a header's fields as dotted names
 from vrag_rollout.evaluation.protocol import Protocol
 from vrag_rollout.evaluation.report import build_report, headline, markdown
 
