@@ -102,7 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "greedy rollouts (or --n samples for pass@k), the set's own scoring, retrieval recall and "
                          "NDCG; results.jsonl (resumable) and a report",
     )
-    evaluate.add_argument("--data", type=Path, required=True,
+    evaluate.add_argument("--compare", type=Path, nargs=2, default=None, metavar=("RUN_A", "RUN_B"),
+                          help="instead of evaluating: print two evaluations' tables side by side, per set and "
+                               "category, naming every protocol difference (no B - A column across two protocols)")
+    evaluate.add_argument("--data", type=Path, default=None,
                           help="a benchmark converted with `convert-dataset --from SET`, or your own questions converted "
                                "without --from (scored as `questions` by the project's rules; either --layout)")
     evaluate.add_argument("--model", default=None,
@@ -113,36 +116,59 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--index", type=Path, default=None,
                           help="the benchmark's retriever index (vrag-retriever index), served for the run")
     evaluate.add_argument("--retriever-url", default=None, help="a running retriever instead (vrag-retriever serve)")
-    evaluate.add_argument("--out", type=Path, required=True,
+    evaluate.add_argument("--out", type=Path, default=None,
                           help="the evaluation's directory: results.jsonl, report.md, report.json, episodes/")
+    evaluate.add_argument("--protocol", choices=["own", "vrag-rl", "document"], default="own",
+                          help="a named protocol (docs/evaluation.md): vrag-rl (merged corpus, 4 turns, no answer "
+                               "without a search, the judge's criteria), document (each question's own document), "
+                               "own (the project's); each switch below overrides it, and the report records that")
     evaluate.add_argument("--scope", choices=["corpus", "document"], default=None,
-                          help="search the whole index or each question's own document (default: as converted)")
-    evaluate.add_argument("--max-turns", type=int, default=4, help="turns per question (the last must answer)")
-    evaluate.add_argument("--capped", choices=["wrong", "exclude"], default="wrong",
-                          help="an episode that ended without an answer scores as wrong, or is left out")
-    evaluate.add_argument("--unanswerable", choices=["score", "exclude"], default="score",
+                          help="search the whole index or each question's own document (default: the protocol's; "
+                               "own: as converted)")
+    evaluate.add_argument("--max-turns", type=int, default=None,
+                          help="turns per question, the last must answer (default: the protocol's, 4)")
+    evaluate.add_argument("--capped", choices=["wrong", "exclude"], default=None,
+                          help="an episode that ended without an answer scores as wrong, or is left out (default: "
+                               "wrong)")
+    evaluate.add_argument("--unanswerable", choices=["score", "exclude"], default=None,
                           help="questions marked unanswerable (by the set, or a reference answer 'Not answerable') are "
-                               "scored, or left out")
-    evaluate.add_argument("--response-length", type=int, default=1024,
-                          help="token budget of an episode's response (sampled text and observations)")
-    evaluate.add_argument("--top-n", type=int, default=3, help="pages a search returns")
+                               "scored, or left out (default: score)")
+    evaluate.add_argument("--response-length", type=int, default=None,
+                          help="token budget of an episode's response, sampled text and observations (default: 1024)")
+    evaluate.add_argument("--top-n", type=int, default=None, help="pages a search returns (default: 3)")
     evaluate.add_argument("--judge", default=None,
                           help="a local checkpoint that judges ViDoSeek answers by VRAG-RL's criteria and verdict "
                                "format (served by vLLM here); the rule-based scores are reported beside its verdicts")
-    evaluate.add_argument("--search-required", choices=["set", "on", "off"], default="set",
+    evaluate.add_argument("--search-required", choices=["set", "on", "off"], default=None,
                           help="VRAG-RL's rule that an answer given without any search scores 0: as each set is "
-                               "published (on for ViDoSeek), on for every set, or off")
+                               "published (on for ViDoSeek), on for every set, or off (default: the protocol's; "
+                               "own: set, vrag-rl: on, document: off)")
     evaluate.add_argument("--batch-size", type=int, default=8, help="questions rolled out together")
     evaluate.add_argument("--limit", type=int, default=None, help="only the file's first LIMIT questions")
-    evaluate.add_argument("--n", type=int, default=1,
-                          help="samples per question: above 1, reported as pass@1 (their mean) and pass@N (each "
-                               "question's best sample); needs --temperature above 0")
-    evaluate.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
-    evaluate.add_argument("--seed", type=int, default=0, help="base of the per-sample seeds")
+    evaluate.add_argument("--n", type=int, default=None,
+                          help="samples per question (default: 1): above 1, reported as mean@N (their mean: the "
+                               "expected pass@1) and pass@N (each question's best sample); needs --temperature above 0")
+    evaluate.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: 0, greedy)")
+    evaluate.add_argument("--seed", type=int, default=None, help="base of the per-sample seeds (default: 0)")
     evaluate.add_argument("--grammar", action=argparse.BooleanOptionalAction, default=None,
                           help="confine every turn to a well-formed action: what makes a tiny random model act "
                                "(default: on without --model, off with it; not for a trained checkpoint: it "
                                "changes what is measured)")
+
+    track = subcommand(
+        "evaluate-retriever", help="score the index alone on a converted benchmark's questions: page recall@k and "
+                                   "nDCG@k, MMDocIR's page recall, ViDoRe's nDCG@10; BM25, dense and fused, both scopes",
+    )
+    track.add_argument("--data", type=Path, required=True, help="a converted benchmark or your own questions")
+    track.add_argument("--index", type=Path, required=True, help="the retriever index (vrag-retriever index)")
+    track.add_argument("--out", type=Path, required=True,
+                       help="where to write retriever.jsonl, retriever_report.md and retriever_report.json")
+    track.add_argument("--k", type=int, nargs="+", default=[1, 3, 5, 10], help="the cut-offs of recall@k and nDCG@k")
+    track.add_argument("--scope", choices=["corpus", "document"], nargs="+", default=["corpus", "document"],
+                       help="search the whole index, each question's own document, or both")
+    track.add_argument("--retriever", choices=["bm25", "dense", "hybrid"], nargs="+", default=None,
+                       help="the rankings to score (default: every one the index has: bm25; with a dense index "
+                            "also dense and hybrid)")
 
     learn = subcommand(
         "learn", help="GRPO on CPU with a tiny model: roll out, score, update the HF model, sync it into the engine, "
@@ -279,6 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="split by question, or keep each document's questions on one side")
     convert.add_argument("--layout", choices=["easyr1", "verl"], default="easyr1",
                          help="the trainer's dataset columns: EasyR1's, or verl's agent-loop rows (docs/verl.md)")
+    convert.add_argument("--merge", type=Path, action="append", default=None, metavar="CONVERTED",
+                         help="merge converted files instead: SOURCE and each --merge file (convert-dataset outputs) "
+                              "into one corpus-scope file over --index, the sets' documents indexed together; each "
+                              "row keeps its set, document and source file (VRAG-RL's merged corpus)")
     return parser
 
 
@@ -351,6 +381,18 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return _learn(args, parser)
     if args.command == "evaluate":
         return _evaluate(args, parser)
+    if args.command == "evaluate-retriever":
+        from .devkit.evaluate_retriever_job import run_retriever_track
+        from .evaluation.retriever_track import markdown as track_markdown
+
+        if min(args.k) < 1:
+            from .devkit.job_checks import JobInputError
+
+            raise JobInputError(f"--k must be at least 1, got {min(args.k)}")
+        report = run_retriever_track(args.out, data=args.data, index=args.index, ks=sorted(set(args.k)),
+                                     scopes=args.scope, retrievers=args.retriever)
+        print(track_markdown(report), end="")
+        return 0
     if args.command == "record-fixtures":
         return _record_fixtures(args, parser)
     if args.command == "build-tiny-model":
@@ -371,6 +413,10 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from .verify.view import main as view_main
 
         return view_main(args.file, args.out, model_dir=args.model, truths=args.truths)
+    if args.command == "convert-dataset" and args.merge:
+        from .data.merge import merge_command
+
+        return merge_command([args.source, *args.merge], args.out, args.index)
     if args.command == "convert-dataset":
         from .data.convert_command import convert_dataset_command
 
@@ -414,22 +460,31 @@ def _demo(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .devkit.evaluate_job import run_evaluation
     from .devkit.job_checks import JobInputError
-    from .evaluation.protocol import Protocol
+    from .evaluation.protocols import named
     from .evaluation.report import headline
 
+    if args.compare is not None:
+        from .devkit.evaluate_job import compare_runs
+
+        print(compare_runs(*args.compare), end="")
+        return 0
+    if args.data is None or args.out is None:
+        parser.error("the following arguments are required: --data, --out (or --compare RUN_A RUN_B)")
     # a bad value is one line naming its flag (JobInputError), not a usage message
     for name in ("max_turns", "response_length", "top_n", "batch_size", "limit", "n"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise JobInputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.temperature < 0:
+    if args.temperature is not None and args.temperature < 0:
         raise JobInputError(f"--temperature must be at least 0, got {args.temperature}")
-    if args.n > 1 and args.temperature == 0:
+    if (args.n or 1) > 1 and not args.temperature:
         raise JobInputError(f"--n {args.n} at --temperature 0 draws the same answer {args.n} times: give a "
                             "--temperature above 0 for pass@k")
-    protocol = Protocol(scope=args.scope, max_turns=args.max_turns, capped=args.capped,
-                        unanswerable=args.unanswerable, response_length=args.response_length, top_n=args.top_n,
-                        n=args.n, temperature=args.temperature, seed=args.seed,
-                        search_required={"set": None, "on": True, "off": False}[args.search_required])
+    given = {name: getattr(args, name) for name in ("scope", "max_turns", "capped", "unanswerable", "response_length",
+                                                    "top_n", "n", "temperature", "seed")}
+    if args.search_required is not None:
+        given["search_required"] = {"set": None, "on": True, "off": False}[args.search_required]
+    protocol = named(args.protocol, {name: value for name, value in given.items() if value is not None
+                                     or name == "search_required"})
     report = run_evaluation(args.out, data=args.data, model=args.model, family=args.family, protocol=protocol,
                             index=args.index, retriever_url=args.retriever_url, batch_size=args.batch_size,
                             limit=args.limit, grammar=args.grammar, judge_model=args.judge)

@@ -28,7 +28,9 @@ def test_progress_lines_say_what_is_done_and_what_is_left():
 
 def test_evaluate_takes_the_tiny_model_by_default_and_sampling_for_pass_at_k():
     args = build_parser().parse_args(["evaluate", "--data", "q.parquet", "--index", "i", "--out", "o"])
-    assert (args.model, args.family, args.grammar, args.n, args.temperature) == (None, None, None, 1, 0.0)
+    # unset, the protocol's own value holds (`--protocol`, default own: one greedy sample)
+    assert (args.model, args.family, args.grammar, args.n, args.temperature) == (None, None, None, None, None)
+    assert args.protocol == "own"
     args = build_parser().parse_args(["evaluate", "--data", "q.parquet", "--index", "i", "--out", "o", "--family",
                                       "qwen2.5-vl", "--no-grammar", "--n", "4", "--temperature", "0.7"])
     assert (args.family, args.grammar, args.n, args.temperature) == ("qwen2.5-vl", False, 4, 0.7)

@@ -84,10 +84,10 @@ def test_n_samples_report_pass_at_1_as_the_mean_and_pass_at_k_as_the_best_sample
                                   "scores": {"accuracy": pytest.approx(2 / 3), "f1": pytest.approx(2.5 / 3)}}
     assert bench["retrieval"]["recall"] == pytest.approx(0.5)  # over every counted sample
     text = markdown(report)
-    assert "| questions | samples | counted | pass@1 accuracy | pass@1 f1 | pass@2 accuracy | pass@2 f1 |" in text
+    assert "| questions | samples | counted | mean@2 accuracy | mean@2 f1 | pass@2 accuracy | pass@2 f1 |" in text
     assert "| all | 3 | 6 | 6 | 50.0 |" in text and "| 66.7 | 83.3 |" in text
-    assert headline(report) == ["slidevqa: 3 questions x 2 samples, 6 counted; pass@1 accuracy 50.0, f1 61.7; "
-                                "pass@2 accuracy 66.7, f1 83.3; recall 50.0, ndcg 25.0"]
+    assert headline(report) == ["slidevqa: 3 questions x 2 samples, 6 counted; mean@2 accuracy 50.0, f1 61.7; "
+                                "pass@2 accuracy 66.7, f1 83.3; recall 50.0, ndcg 25.0, gold shown 50.0"]
     one = build_report(records[:2], report["header"])
     assert headline(one)[0].startswith("slidevqa: 1 question x 2 samples, 2 counted;")
 
@@ -95,7 +95,7 @@ def test_n_samples_report_pass_at_1_as_the_mean_and_pass_at_k_as_the_best_sample
 def test_one_sample_keeps_the_plain_table_and_a_capped_sample_is_left_out_of_the_best():
     single = build_report([record("a", 1.0)], {"protocol": Protocol().to_dict(), "data": "d", "model": "m"})
     assert "pass_at_k" not in single["benchmarks"]["slidevqa"] and "pass@" not in markdown(single)
-    assert headline(single) == ["slidevqa: 1 of 1 questions counted; accuracy 100.0, f1 100.0; recall -, ndcg -"]
+    assert headline(single) == ["slidevqa: 1 of 1 questions counted; accuracy 100.0, f1 100.0; recall -, ndcg -, gold shown -"]
     records = [sampled("q1", 0, 1.0, counted=False, excluded="capped"), sampled("q1", 1, 0.0),
                sampled("q2", 0, 0.0, counted=False, excluded="capped"), sampled("q2", 1, 0.0, counted=False,
                                                                                 excluded="capped")]

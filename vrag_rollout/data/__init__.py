@@ -11,4 +11,5 @@
 - `question_text`: a questions file's text, or what the file is instead (a PDF, a parquet, not UTF-8).
 - `json_numbers`: JSON whose numbers keep their source text (an answer "3.50" stays "3.50").
 - `fixture_calls`: recording the retriever calls a converted dataset's questions can make, for replay.
+- `merge`: `convert-dataset --merge`: several converted sets as one corpus-scope file, each row's origin kept.
 """

@@ -4,6 +4,7 @@ offline models of each family.
 - `demo`: the main job: a real rollout of a tiny model against the embedded retriever.
 - `rollout_job`: `vrag-rollout rollout`: the agent on a user's own converted questions and index.
 - `evaluate_job`: `vrag-rollout evaluate`: a checkpoint scored on a converted benchmark as its paper scores it.
+- `evaluate_retriever_job`: `vrag-rollout evaluate-retriever`: the index alone scored on a benchmark's questions.
 - `job_checks`: what those jobs check before any engine starts (retriever, documents, files).
 - `episode_table`: the one-line-per-sample table the rollout jobs print.
 - `learn_job`: `vrag-rollout learn`: the closed GRPO loop wired to the engine, retriever and tiny model.

@@ -72,7 +72,8 @@ def read_benchmark(data: Path) -> tuple[list, list[dict], list[dict]]:
         raw = table.column(EVAL_COLUMN)[row].as_py() if EVAL_COLUMN in table.column_names else None
         info = json.loads(raw) if raw else {}
         truth = truths[row]
-        own = not info  # no eval column: your own questions, whose answerable is the reference's word
+        # no eval column (or a merged file's row of them): your own questions, answerable by the reference's word
+        own = not info or info.get("set") == questions.NAME
         answerable = truth.get("answerable", questions.answerable(str(truth["answer"])) if own else True)
         infos.append({"set": info.get("set") or questions.NAME, "document": info.get("document") or sample.doc_id,
                       "answer_format": info.get("answer_format"), "categories": info.get("categories") or {},
@@ -108,6 +109,7 @@ def question_record(question_id: str, info: dict, sample: Any, truth: dict, text
     """One sample's line of `results.jsonl` (pure, given the decoded response and its columns);
     `draw` numbers the question's samples from 0."""
     from ..core.reward import last_answer
+    from ..evaluation.coverage import coverage
     from ..evaluation.retrieval import retrieval_metrics
     from ..evaluation.scorers import scorer_for
     from ..evaluation.search_rule import searched, without_search
@@ -124,13 +126,15 @@ def question_record(question_id: str, info: dict, sample: Any, truth: dict, text
     if answer is not None and protocol.requires_search(info["set"]):  # VRAG-RL's rule
         metrics = {**metrics, "unsearched": 0.0} if did_search else without_search(metrics)
     turn_pages = [list(turn) for turn in row["turn_page_ids"]]
+    retrieval = retrieval_metrics(turn_pages, truth)
     return {"question_id": question_id, "sample": draw, "set": info["set"], "question": sample.question,
             "document": info["document"], "scope": "corpus" if sample.doc_id is None else "document",
             "reference": truth["answer"], "answerable": info["answerable"], "answer_format": info["answer_format"],
             "categories": info["categories"], "answer": answer, "response": text,
             "termination": row["termination_reason"],
             "turns": len(turn_pages), "turn_page_ids": turn_pages, "searched": did_search, "metrics": metrics,
-            "retrieval": retrieval_metrics(turn_pages, truth), "judge": judge,
+            "retrieval": retrieval, "coverage": coverage(retrieval), "efficiency": row.get("efficiency"),
+            "judge": judge,
             "counted": protocol.counts(answered=answer is not None, answerable=info["answerable"]),
             "excluded": protocol.excluded_by(answered=answer is not None, answerable=info["answerable"]),
             "episode": dict(row["episode"])}
@@ -421,10 +425,11 @@ class _Run:
             items = [(self.samples[k].question, str(self.truths[k]["answer"]), last_answer(texts[i]))
                      for i, k in enumerate(rows)]
             verdicts = self.judge.batch_verdicts(plan, items)
+        costs = episode_costs(output, processor)
         return [question_record(self.question_ids[k], self.infos[k], self.samples[k], self.truths[k], texts[i],
                                 {"turn_page_ids": columns["turn_page_ids"][i],
                                  "termination_reason": columns["termination_reason"][i],
-                                 "num_searches": searches[i],
+                                 "num_searches": searches[i], "efficiency": costs[i],
                                  "episode": {"batch": str(view.relative_to(self.out)), "row": i}},
                                 self.protocol, verdicts[i], draw=i % n)
                 for i, k in enumerate(rows)]
@@ -440,6 +445,27 @@ class _Run:
                                             encoding="utf-8")
         (self.out / REPORT_MD).write_text(markdown(report, views), encoding="utf-8")
         return report
+
+
+def episode_costs(output: Any, processor: Any) -> list[dict]:
+    """Each row's cost (`evaluation.efficiency.episode_cost`) from the rolled-out batch: its loss
+    mask, its response's image tokens, its call counters, and its share of the batch's wall time."""
+    from ..evaluation.efficiency import episode_cost
+
+    tokens, columns = output.batch, output.non_tensor_batch
+    width = tokens["responses"].shape[1]
+    attention = tokens["attention_mask"][:, -width:].tolist()
+    seconds = (output.meta_info.get("metrics") or {}).get("rollout/seconds")
+    pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    rows = len(attention)
+    zeros = [0] * rows
+    turns = columns["num_turns"] if "num_turns" in columns else [len(pages) for pages in columns["turn_page_ids"]]
+    return [episode_cost(turns=turns[i], loss_mask=tokens["loss_mask"][i].tolist(),
+                         response_ids=tokens["responses"][i].tolist(), attention=attention[i], image_pad_id=pad,
+                         searches=columns.get("num_searches", zeros)[i], fetches=columns.get("num_fetches", zeros)[i],
+                         crops=columns.get("num_crops", zeros)[i],
+                         seconds=None if seconds is None else seconds / rows)
+            for i in range(rows)]
 
 
 def _fingerprint(model_dir: Any) -> str:
@@ -476,4 +502,28 @@ def _question_ids(data: Path, count: int) -> list[str]:
     return ids
 
 
-__all__ = ["run_evaluation"]
+def compare_runs(run_a: Path, run_b: Path) -> str:
+    """`evaluate --compare A B`: the two runs' reports side by side (`evaluation.compare`), as
+    Markdown; a run that is no evaluation, or whose report and results were written under two
+    headers (two protocols in one column), is refused."""
+    from ..evaluation.compare import compare, markdown, mixed
+
+    reports = []
+    for run in (Path(run_a), Path(run_b)):
+        try:
+            report = json.loads((run / REPORT_JSON).read_text(encoding="utf-8"))
+            first = (run / RESULTS).read_text(encoding="utf-8").split("\n", 1)[0]
+            written = json.loads(first)["header"]
+        except (OSError, ValueError, KeyError) as error:
+            raise JobInputError(f"--compare {run}: not an evaluation's directory (report.json and results.jsonl): "
+                                f"{error}") from None
+        differ = mixed(report["header"], json.loads(json.dumps(written)))
+        if differ:
+            raise JobInputError(f"--compare {run}: its report.json and results.jsonl were written under different "
+                                f"settings ({', '.join(differ)}): one column would hold two protocols; run "
+                                "`vrag-rollout evaluate` on it again to rewrite the report")
+        reports.append(report)
+    return markdown(compare(*reports), (Path(run_a).name or str(run_a), Path(run_b).name or str(run_b)))
+
+
+__all__ = ["run_evaluation", "compare_runs"]

@@ -12,4 +12,10 @@ library and `vrag_rollout.core`.
 - `report`: the whole header, then the headline table (pass@1, and pass@k with several samples) per
   benchmark and per each set's own categories, as JSON and markdown.
 - `progress`: the lines `evaluate` prints while it runs (the plan, what a resume found, each batch).
+- `protocols`: the named protocols (vrag-rl, document, own), each switch overridable and the override recorded.
+- `coverage`: whether a gold page ever entered an episode's context and at which turn; the shown/never-shown split.
+- `efficiency`: each episode's cost (turns, sampled and visual tokens, retriever calls, seconds), mean and p90.
+- `retriever_metrics`: page-level recall@k, nDCG@k, MMDocIR's page recall and ViDoRe's nDCG@10 of one ranking.
+- `retriever_track`: the retriever-only track's per-question metrics, means and report.
+- `compare`: two runs' reports side by side, protocol differences named, no subtraction across protocols.
 """

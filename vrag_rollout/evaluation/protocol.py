@@ -24,11 +24,14 @@ refuses to mix two protocols in one file.
   (`evaluation.search_rule`): True (every set), False (none), or None: as each set's protocol,
   on for the sets VRAG-RL scores (`SEARCH_REQUIRED_SETS`: ViDoSeek), off for the others
   (their papers score the answer alone). `requires_search(set_name)` resolves it.
+- `name`, `overrides`: the named protocol the switches came from (`evaluation.protocols`: vrag-rl,
+  document, own; None: switches given one by one) and, per switch set apart from it, the named
+  protocol's own value ({"max_turns": 4}: the run changed max_turns from 4).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 SCOPES = ("corpus", "document")
@@ -50,6 +53,8 @@ class Protocol:
     seed: int = 0
     judge: Optional[dict] = None  # {"model": path, "prompt_version": ...}
     search_required: Optional[bool] = None
+    name: Optional[str] = None
+    overrides: Optional[dict] = field(default=None)
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("scope", self.scope, SCOPES + (None,)), ("capped", self.capped, CAPPED),

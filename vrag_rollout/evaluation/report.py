@@ -31,6 +31,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Callable, Iterable, Sequence
 
+from .coverage import NEVER, SHOWN, coverage, split
+from .efficiency import FIELDS as COST_FIELDS, summarize
 from .protocol import SEARCH_REQUIRED_SETS
 from .scorers import scorer_for
 from .scorers.questions import NAME as OWN_QUESTIONS
@@ -89,6 +91,11 @@ def summary(records: Sequence[dict], aggregate: Callable[[list[dict]], dict], k:
     retrieved = [r["retrieval"] for r in counted if r.get("retrieval")]
     row["retrieval"] = {"questions": len(retrieved), "recall": _mean([m["recall"] for m in retrieved]),
                         "ndcg": _mean([m["ndcg"] for m in retrieved])}
+    covered = [found for found in (r.get("coverage", coverage(r.get("retrieval"))) for r in counted) if found]
+    first = [found["first_turn"] for found in covered if found["first_turn"] is not None]
+    row["coverage"] = {"questions": len(covered), "gold_shown": sum(1 for found in covered if found["gold_shown"]),
+                       "share": _mean([float(found["gold_shown"]) for found in covered]),
+                       "first_turn_mean": _mean(first)}
     return row
 
 
@@ -111,6 +118,9 @@ def build_report(records: Sequence[dict], header: dict) -> dict:
             for category, value in _category_values(record):
                 categories[category][value].append(record)
         benchmarks[name] = {**summary(group, aggregate, k), "scoring": scorer_for(name).rules,
+                            "by_coverage": {part: summary(members, aggregate, k)
+                                            for part, members in split([r for r in group if r["counted"]]).items()},
+                            "efficiency": summarize([r.get("efficiency") for r in group]),
                             "categories": {category: {value: summary(members, aggregate, k)
                                                       for value, members in sorted(values.items())}
                                            for category, values in sorted(categories.items())}}
@@ -124,17 +134,34 @@ def _number(value: Any) -> str:
     return f"{100 * value:.1f}" if isinstance(value, float) and 0 <= value <= 1 else str(value)
 
 
+def _cost(value: Any) -> str:
+    return "-" if value is None else f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
+
+
+COST_NAMES = {"turns": "turns", "sampled_tokens": "sampled tokens", "visual_tokens": "visual tokens",
+              "retriever_calls": "retriever calls", "seconds": "seconds"}
+
+
+def _efficiency(efficiency: dict) -> list[str]:
+    """Per sample: the mean and p90 of each cost (`evaluation.efficiency`)."""
+    head = ["", *(COST_NAMES[name] for name in COST_FIELDS)]
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+            *["| " + " | ".join([stat, *(_cost(efficiency[name][stat]) for name in COST_FIELDS)]) + " |"
+              for stat in ("mean", "p90")]]
+
+
 def _table(rows: list[tuple[str, dict]], score_names: list[str], k: int) -> list[str]:
     best = [name for name in score_names if k > 1 and name in rows[0][1]["pass_at_k"]["scores"]]
     head = ["", "questions", *(["samples"] if k > 1 else []), "counted",
-            *[f"pass@1 {name}" if k > 1 else name for name in score_names], *[f"pass@{k} {name}" for name in best],
-            "page recall", "page ndcg"]
+            *[f"mean@{k} {name}" if k > 1 else name for name in score_names], *[f"pass@{k} {name}" for name in best],
+            "page recall", "page ndcg", "gold shown", "first hit turn"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, row in rows:
         cells = [label, str(row["questions"]), *([str(row["samples"])] if k > 1 else []), str(row["counted"]),
                  *[_number(row["scores"].get(name)) for name in score_names],
                  *[_number(row["pass_at_k"]["scores"].get(name)) for name in best],
-                 _number(row["retrieval"]["recall"]), _number(row["retrieval"]["ndcg"])]
+                 _number(row["retrieval"]["recall"]), _number(row["retrieval"]["ndcg"]),
+                 _number(row["coverage"]["share"]), _cost(row["coverage"]["first_turn_mean"])]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -173,8 +200,14 @@ def _setup(header: dict) -> list[str]:
 
 def _protocol(header: dict) -> list[str]:
     """Every protocol switch, by its name, with what a default means spelled out."""
+    from .protocols import ABOUT, JUDGED
+
     protocol = dict(header["protocol"])
     judge = protocol.pop("judge", None)
+    name, overrides = protocol.pop("name", None), protocol.pop("overrides", None) or {}
+    lines = [f"- `name`: {name}: {ABOUT.get(name, '')}" if name else "- `name`: none (each switch given)"]
+    for key, value in overrides.items():
+        protocol[key] = f"{protocol[key]} (overrides {name}'s {value})"
     if protocol.get("scope") is None:
         scopes = header.get("scopes")
         protocol["scope"] = f"as converted: {', '.join(scopes)} ({AS_CONVERTED})" if scopes else \
@@ -186,13 +219,14 @@ def _protocol(header: dict) -> list[str]:
         protocol["n"] = f"{protocol['n']} (samples per question)"
     if protocol.get("temperature") == 0:
         protocol["temperature"] = f"{protocol['temperature']} (greedy)"
-    lines = [f"- `{key}`: {value}" for key, value in protocol.items()]
+    lines += [f"- `{key}`: {value}" for key, value in protocol.items()]
+    lines += [f"- `overrides`: {', '.join(overrides) if overrides else 'none'}"]
     if judge:
         weights = f" (fingerprint `{judge['fingerprint']}`)" if judge.get("fingerprint") else ""
         lines += [f"- `judge`: `{judge['model']}`{weights}, prompt `{judge['prompt_version']}`:", "", "```text",
                   judge["prompt"], "```"]
     else:
-        lines += ["- `judge`: none"]
+        lines += [f"- `judge`: none{' (the ' + name + ' protocol judges ViDoSeek with a model: --judge DIR)' if name in JUDGED else ''}"]
     return lines
 
 
@@ -207,14 +241,22 @@ def markdown(report: dict, views: Sequence[str] = ()) -> str:
              "What produced these numbers (`results.jsonl`'s header: a run resumes into that file only with "
              "every field the same).", "", *_setup(header), "", "## Protocol", "", *_protocol(header)]
     if k > 1:
-        lines += ["", f"pass@1: the set's numbers over one sample of each question, averaged over the {k} samples; "
-                      f"pass@{k}: each question scores its best sample, per metric."]
+        lines += ["", f"mean@{k}: the set's numbers over one sample of each question, averaged over the {k} samples "
+                      f"(the expected pass@1); pass@{k}: each question scores its best sample, per metric."]
     for name, bench in report["benchmarks"].items():
         scores = [key for key in bench["scores"] if key not in COUNTS]
         lines += ["", f"## {name}", ""]
         if bench.get("scoring"):
             lines += [f"Scored by {bench['scoring']}.", ""]
-        lines += _table([("all", bench)], scores, k)
+        parts = [(part, bench["by_coverage"][part]) for part in (SHOWN, NEVER) if part in bench.get("by_coverage", {})]
+        lines += _table([("all", bench), *parts], scores, k)
+        lines += ["", f"`{SHOWN}` and `{NEVER}`: the counted {'samples' if k > 1 else 'questions'} with gold pages "
+                      "whose episode was shown one of them at some turn, and those never shown one (a retrieval "
+                      "failure), each scored by the same rules; `first hit turn`: the mean turn whose observation "
+                      "first showed a gold page."]
+        if "efficiency" in bench:
+            lines += ["", f"Efficiency per {'sample' if k > 1 else 'question'} (every episode; p90: nearest rank; "
+                          "seconds: its share of its batch's rollout time):", "", *_efficiency(bench["efficiency"])]
         excluded = bench["excluded_capped"] + bench["excluded_unanswerable"]
         unit = "samples" if k > 1 else ""
         no_gold = bench["counted"] - bench["retrieval"]["questions"]
@@ -245,8 +287,8 @@ def _percent(value: Any) -> str:
 
 
 def headline(report: dict) -> list[str]:
-    """A line per benchmark for the terminal: what counted, the headline scores (pass@1 and
-    pass@k with n samples) and the retrieval means."""
+    """A line per benchmark for the terminal: what counted, the headline scores (mean@k and
+    pass@k with n samples), the retrieval means and the coverage."""
     k = int(report["header"]["protocol"].get("n", 1))
     lines = []
     for name, bench in report["benchmarks"].items():
@@ -256,9 +298,9 @@ def headline(report: dict) -> list[str]:
                              if key in HEADLINE)
             questions = f"{bench['questions']} question{'' if bench['questions'] == 1 else 's'}"
             counted = (f"{questions} x {k} samples, {bench['counted']} counted; "
-                       f"pass@1 {first}; pass@{k} {best}")
+                       f"mean@{k} {first}; pass@{k} {best}")
         else:
             counted = f"{bench['counted']} of {bench['questions']} questions counted; {first}"
         lines.append(f"{name}: {counted}; recall {_percent(bench['retrieval']['recall'])}, "
-                     f"ndcg {_percent(bench['retrieval']['ndcg'])}")
+                     f"ndcg {_percent(bench['retrieval']['ndcg'])}, gold shown {_percent(bench['coverage']['share'])}")
     return lines
