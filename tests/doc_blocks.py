@@ -58,7 +58,7 @@ def bash_blocks(doc: str) -> list[Block]:
     return blocks
 
 
-def run_logged(command: str, cwd: Path, number: int, timeout_s: float,
+def run_logged(command: str, cwd: Path, number: int | str, timeout_s: float,
                background_groups: Optional[list] = None) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of `bash -c command` in `cwd`, its output in files
     (`.outN`, `.errN`: a server started with & keeps writing after bash exits, which a pipe would

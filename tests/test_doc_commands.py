@@ -16,6 +16,21 @@ one scratch directory, a user's session on a fresh clone:
 - a command identical to one already run in the session (docs/learning.md's ``make learn``,
   after README's) is not run again: its outputs are already there.
 
+How a command runs (`Session.run`):
+
+- a ``make`` target: ``make -n`` (a real make, in the copy) prints the recipe lines the target
+  runs, its variables expanded, and each line then runs as below, in order, up to the first that
+  fails; ``bash scripts/setup.sh`` (the set-up every target runs first) is a real process;
+- a ``vrag-rollout`` command that loads torch (`IN_PROCESS`: ``demo``, ``rollout``, ``learn``,
+  ``check``, ``view``, ``evaluate``) runs in this process through the console script's own entry
+  point, its words expanded by bash (``$(...)`` included: a real console-script start), on the
+  session's engine of its model instead of an engine of its own (tests/in_process_cli.py says
+  what is kept and checked). As processes these paid ~10 s of imports each and 15 to 20 s per
+  engine start: the commands took 3.5 minutes of subprocesses on idle cores (9.3 on a loaded
+  machine, where this way takes 2.8);
+- every other command, and the ones in `AS_A_PROCESS` (a console script starting its own engine,
+  with the settings the CLI gives vLLM), runs as written in ``bash -c``.
+
 Each command must exit 0 and print no traceback; one whose comment says ``# PASS`` must print
 PASS, and one whose comment says ``# FAIL`` must exit non-zero with FAIL in its report (and still
 no traceback). `WRITES` names files a command must leave behind.
@@ -23,24 +38,27 @@ no traceback). `WRITES` names files a command must leave behind.
 Commands that cannot run here are listed in `NOT_RUN` with the reason, and docs that cannot in
 `SKIPPED_DOCS`: a new command is either run or named there. `SUBSTITUTIONS` lists the
 commands run with a documented change (a placeholder filled in, or fewer learn steps: the two
-learn runs dominate the time, mostly engine and model start-up; the file took 6.5 minutes on two
-cores shared with another learn run), with the reason.
+learn runs dominate the time), with the reason.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from vrag_rollout.cli import build_parser
+from vrag_rollout.devkit.demo import demo_model
 
+from tests.conftest import ENGINE_ARGS
 from tests.doc_blocks import bash_blocks, run_logged
+from tests.in_process_cli import (console_entry, engine_mismatch, run_in_process, shared_engines, shell_words,
+                                  simple_command)
 
 ROOT = Path(__file__).resolve().parents[1]
 # Run in this order, in one session.
@@ -64,7 +82,18 @@ SKIPPED_DOCS = {
                     "script (scripts/check_verl.py) does is run in-process by "
                     "tests/integrations/test_verl_agent_loop.py (a saved verl batch through `check --forward`)",
 }
-COMMAND_TIMEOUT_S = 600  # a hang guard; the commands share the cores with the in-process tests
+COMMAND_TIMEOUT_S = 600  # a hang guard; the commands share the cores with the other tests
+
+# The vrag-rollout subcommands run in this process (module docstring): the ones that load torch.
+IN_PROCESS = {"demo", "rollout", "learn", "check", "view", "evaluate"}
+# Command (as run: a doc command, its substitution or a make target's recipe line) -> why it runs
+# as a process although `IN_PROCESS` names its subcommand.
+AS_A_PROCESS = {
+    ".venv/bin/vrag-rollout evaluate --data first_hour/questions.parquet --index first_hour/index "
+    "--out first_hour/eval":
+        "the one console script that starts its own vLLM engine, with the settings the CLI gives it "
+        "(build_llm's, the CPU's default KV cache); the cheapest of the first hour's engine commands",
+}
 
 # Command (as in the doc, comment included) -> why it is not run.
 NOT_RUN = {
@@ -168,11 +197,13 @@ def setup_stamp(work: Path) -> str:
 
 
 class Session:
-    """A fresh-clone copy with a set-up ``.venv``, where commands run one by one (``job``: the
-    background job running them, tests/background.py)."""
+    """A fresh-clone copy with a set-up ``.venv``, where commands run one by one (module
+    docstring): ``loan`` the session's engines (tests/in_process_cli.py `shared_engines`),
+    ``capfd`` pytest's capture of the in-process commands' output."""
 
-    def __init__(self, work: Path, job=None):
-        self.work, self.count, self.ran, self.job = work, 0, set(), job
+    def __init__(self, work: Path, loan, capfd):
+        self.work, self.count, self.ran, self.loan, self.capfd = work, 0, set(), loan, capfd
+        self.in_process: list[str] = []  # the lines run in this process
         copy_tracked_files(work)
         venv, real = work / ".venv", Path(sys.executable).parent.parent
         venv.mkdir()
@@ -188,9 +219,55 @@ class Session:
 
     def run(self, command: str) -> tuple[int, str, str]:
         self.count += 1
-        if self.job is None:
-            return run_logged(command, self.work, self.count, COMMAND_TIMEOUT_S)
-        return self.job.run_command(command, self.work, self.count, COMMAND_TIMEOUT_S)
+        if command.startswith("make ") and simple_command(command):
+            return self.run_make(command)
+        return self.run_line(command, str(self.count))
+
+    def run_make(self, command: str) -> tuple[int, str, str]:
+        """The target's recipe lines (``make -n``), each run by `run_line`, up to the first that fails."""
+        code, recipe, err = run_logged("make -n --no-print-directory" + command.removeprefix("make"), self.work,
+                                       f"{self.count}-make", COMMAND_TIMEOUT_S)
+        if code != 0:
+            return code, recipe, err
+        lines, pending = [], ""
+        for line in recipe.splitlines():
+            pending = f"{pending}\n{line}" if pending else line
+            if not pending.endswith("\\"):
+                lines.append(pending)
+                pending = ""
+        assert lines and not pending, f"{command}: make -n printed no recipe: {recipe!r}"
+        outs, errs = [], []
+        for number, line in enumerate(lines):
+            code, out, err = self.run_line(line, f"{self.count}-{number}")
+            outs.append(out)
+            errs.append(err)
+            if code != 0:
+                break
+        return code, "".join(outs), "".join(errs)
+
+    def run_line(self, line: str, label: str) -> tuple[int, str, str]:
+        """One command line: in this process when it is an `IN_PROCESS` subcommand of the
+        ``vrag-rollout`` console script (module docstring), else ``bash -c line``."""
+        if self.runs_in_process(line):
+            words, code, expand_err = shell_words(line, self.work, COMMAND_TIMEOUT_S)
+            entry = console_entry(words[0], self.work) if code == 0 and words else None
+            assert entry is not None, f"{line}: {words[:1]} is not the vrag-rollout console script ({expand_err})"
+            self.in_process.append(line)
+            faulthandler.dump_traceback_later(COMMAND_TIMEOUT_S, exit=True)  # the hang guard
+            try:
+                code, out, err = run_in_process(entry, words[1:], self.work, self.capfd)
+            finally:
+                faulthandler.cancel_dump_traceback_later()
+                self.loan.restore()  # the next command's engine starts from the model's weights
+            return code, out, expand_err + err
+        return run_logged(line, self.work, label, COMMAND_TIMEOUT_S)
+
+    @staticmethod
+    def runs_in_process(line: str) -> bool:
+        if line in AS_A_PROCESS or not simple_command(line):
+            return False
+        words = shlex.split(line, comments=True)
+        return len(words) > 1 and words[0] == ".venv/bin/vrag-rollout" and words[1] in IN_PROCESS
 
 
 def check(command: str, code: int, out: str, err: str, work: Path, actual: str = "") -> str | None:
@@ -222,6 +299,8 @@ def test_every_command_is_run_or_listed():
     assert set(NOT_RUN) <= set(commands), "a NOT_RUN command is no longer in the docs"
     assert set(SUBSTITUTIONS) <= set(commands), "a substituted command is no longer in the docs"
     assert not set(NOT_RUN) & set(SUBSTITUTIONS)
+    actual = {SUBSTITUTIONS.get(c, (c, ""))[0] for c in commands if c not in NOT_RUN}
+    assert set(AS_A_PROCESS) <= actual, "an AS_A_PROCESS command is no longer run"
     # make demo, README's check and view, saved-batch's check and view, record-fixtures,
     # make learn (twice), the qwen3-vl learn, learning.md's two checks.
     assert len([c for c in commands if c not in NOT_RUN]) >= 11
@@ -236,9 +315,9 @@ def test_learn_synopsis_shows_the_defaults():
         assert float(value) == float(getattr(args, option[2:].replace("-", "_"))), option
 
 
-def run_doc_commands(work: Path, job=None) -> tuple[list[str], int, list[str], Path]:
-    """Every doc command in a fresh `Session` in `work`: (problems, commands run, their times, `work`)."""
-    session = Session(work, job)
+def run_doc_commands(work: Path, loan, capfd) -> tuple[list[str], int, list[str], Session]:
+    """Every doc command in a fresh `Session` in `work`: (problems, commands run, their times, the session)."""
+    session = Session(work, loan, capfd)
     problems, ran, times = [], 0, []
     for doc, heading, command in all_commands():
         actual = SUBSTITUTIONS.get(command, (command, ""))[0]
@@ -252,22 +331,26 @@ def run_doc_commands(work: Path, job=None) -> tuple[list[str], int, list[str], P
         if (problem := check(command, code, out, err, work, actual)) is not None:
             problems.append(f"[{doc}: {heading}] {actual}\n  -> {problem}\n"
                             f"  stdout: {out[-600:]!r}\n  stderr: {err[-600:]!r}")
-    return problems, ran, times, work
+    return problems, ran, times, session
 
 
-# The commands are subprocesses (`make demo`, `make learn`, ...) that start engines: they run
-# beside the in-process tests from the start of the session (tests/background.py), and the test
-# reads their outcome.
-@pytest.mark.engine
-@pytest.mark.background.with_args(run_doc_commands)  # with_args: the argument is a function
-def test_doc_commands_run_as_written(background):
-    problems, ran, times, work = background
-    print("\n".join(times))
+def test_doc_commands_run_as_written(tmp_path, engines, capfd):
+    with shared_engines(engines, ENGINE_ARGS) as loan:
+        problems, ran, times, session = run_doc_commands(tmp_path, loan, capfd)
+    with capfd.disabled():
+        print("\n" + "\n".join(times))
+        for model, seconds in loan.start_s.items():  # not started yet by this worker's other tests
+            print(f"{seconds:5.1f}s of the above: starting the shared engine of {model}")
     assert not problems, "\n\n".join(problems)
     assert ran >= 10
+    # The heavy commands ran in this process (the make targets' recipe lines among them), each
+    # that would start an engine on the session's one of its model: both families'.
+    subcommands = {shlex.split(line, comments=True)[1] for line in session.in_process}
+    assert subcommands == IN_PROCESS - {"evaluate"}, session.in_process
+    assert set(loan.handed) == {str(demo_model(family)[0]) for family in ("qwen2-vl", "qwen3-vl")}, loan.handed
     # README: "Re-record after changing the corpus or the indexer" -- the recorded fixture is
     # what record-fixtures writes today.
-    recorded = work / "tests" / "fixtures" / "sample_retrieval.json"
+    recorded = tmp_path / "tests" / "fixtures" / "sample_retrieval.json"
     assert recorded.read_bytes() == (ROOT / "tests/fixtures/sample_retrieval.json").read_bytes(), \
         "tests/fixtures/sample_retrieval.json is stale: re-record it"
 
@@ -279,3 +362,50 @@ def test_verdict_comments():
     assert check("x  # FAIL: forward (gap 5)", 0, "PASS\n{}", "", ROOT) is not None
     assert check("x  # FAIL: forward", 1, "Traceback (most recent call last)", "", ROOT) is not None
     assert check("x  # --model DIR", 0, "", "", ROOT) is None
+
+
+def test_an_in_process_command_exits_and_prints_as_its_process_would(tmp_path, capfd):
+    """tests/in_process_cli.py's `run_in_process`: the return value or SystemExit code is the exit
+    status, an exception a traceback and status 1 (which `check` reports), in the session
+    directory, the environment as it was after."""
+    import os
+
+    def passes(argv):
+        print("PASS", *argv, Path.cwd() == tmp_path)
+        os.environ["VRAG_DOC_TEST_LEAK"] = "1"
+        return 0
+
+    def dies(argv):
+        raise RuntimeError("boom")
+
+    def usage(argv):
+        raise SystemExit(2)
+
+    here = os.getcwd()
+    assert run_in_process(passes, ["a"], tmp_path, capfd) == (0, "PASS a True\n", "")
+    assert os.getcwd() == here and "VRAG_DOC_TEST_LEAK" not in os.environ
+    code, out, err = run_in_process(dies, [], tmp_path, capfd)
+    assert code == 1 and "RuntimeError: boom" in err
+    assert check("x  # PASS", code, out, err, tmp_path) == "a traceback"
+    assert run_in_process(usage, [], tmp_path, capfd)[0] == 2
+
+
+def test_only_a_simple_command_runs_in_process():
+    assert simple_command('.venv/bin/vrag-rollout check a.pt --model "$(.venv/bin/vrag-rollout build-tiny-model)"')
+    assert simple_command(".venv/bin/vrag-rollout view a.pt -o a.html   # --truths FILE: the batch's own")
+    for line in (".venv/bin/vrag-rollout check a.pt | tee log", ".venv/bin/vrag-rollout check a.pt > log",
+                 "cd x && .venv/bin/vrag-rollout check a.pt", ".venv/bin/vrag-retriever serve --index i &",
+                 ".venv/bin/vrag-rollout check $(ls *.pt)", '.venv/bin/vrag-rollout check "a.pt'):
+        assert not simple_command(line), line
+    assert Session.runs_in_process(".venv/bin/vrag-rollout learn --steps 2   # two steps")
+    assert not Session.runs_in_process(".venv/bin/vrag-rollout convert-dataset q.json --out q.parquet")
+    assert not Session.runs_in_process(".venv/bin/vrag-retriever index docs --out index")
+    assert not Session.runs_in_process(next(iter(AS_A_PROCESS)))
+
+
+def test_a_command_whose_engine_the_shared_one_cannot_be_is_refused():
+    assert engine_mismatch(dict(ENGINE_ARGS, model="m", max_model_len=1408, seed=3), ENGINE_ARGS) is None
+    assert "dtype 'bfloat16'" in engine_mismatch(dict(ENGINE_ARGS, dtype="bfloat16"), ENGINE_ARGS)
+    assert "logprobs_mode" in engine_mismatch(dict(ENGINE_ARGS, logprobs_mode="raw_logprobs"), ENGINE_ARGS)
+    assert "max_model_len 4096" in engine_mismatch(dict(ENGINE_ARGS, max_model_len=4096), ENGINE_ARGS)
+    assert "images 9" in engine_mismatch(dict(ENGINE_ARGS, limit_mm_per_prompt={"image": 9}), ENGINE_ARGS)

@@ -20,6 +20,7 @@ PREFLIGHT_MODES = ("fail", "warn", "off")  # retriever_preflight (rollout/agent.
 GUARD_MODES = ("fail", "drop", "warn", "off")  # guard (verify/guard.py MODES)
 GUARD_SAMPLES_AUTO = "auto"  # guard_samples_dir: under the run's output (see the field)
 GUARD_SAMPLES_NAME = "guard_bad_samples"
+CONTEXT_EDIT_FORMS = ("stub", "thumbnail")  # context_edit_form (core/context_edit.py)
 
 
 def guard_samples_under(value: Optional[str], run_output: Optional[str]) -> Optional[str]:
@@ -93,6 +94,22 @@ class AgentRolloutConfig:
     page_min_pixels: Optional[int] = None
     page_max_pixels: Optional[int] = None
     fetch_modes: tuple = ("image", "text")
+    # --- visual budgets that keep one sequence (README "Context budget") ---
+    # Search results as thumbnails: at most this many pixels a page (None: the page band);
+    # fetched pages and crops keep the full band (look, then look closer).
+    search_page_max_pixels: Optional[int] = None
+    # Visual tokens one episode may be shown in all (0: no limit). As it is spent, later pages
+    # get a lower band (an observation's pages share what is left); a page that would fall below
+    # the trainer's smallest image is left out, and the policy is told so.
+    visual_token_budget: int = 0
+    # --- context edits (each edit starts a new training row, a segment: core/context_edit.py) ---
+    # Before each turn, images older than the last `context_keep_turns` turns (0: no limit), or
+    # beyond the last `context_keep_pages` images (0: no limit), are replaced by a text stub
+    # naming the page ("stub") or by a thumbnail of it ("thumbnail", at search_page_max_pixels,
+    # else a quarter of the page band). Both 0: no edit, one row per episode as always.
+    context_keep_turns: int = 0
+    context_keep_pages: int = 0
+    context_edit_form: str = "stub"
     # The region action (tags format): `<crop>page, [x1, y1, x2, y2]</crop>` (or VRAG-RL's
     # `<bbox>[...]</bbox>`, the last page shown) zooms into a region of a page the episode saw,
     # the box in the model family's grounding frame (core/regions.py); the retriever renders it.
@@ -150,6 +167,13 @@ class AgentRolloutConfig:
                 f"need 0 < page_min_pixels <= page_max_pixels, got "
                 f"{self.page_min_pixels}..{self.page_max_pixels}"
             )
+        if self.search_page_max_pixels is not None and self.search_page_max_pixels <= 0:
+            problems.append(f"search_page_max_pixels must be > 0, got {self.search_page_max_pixels}")
+        for name in ("visual_token_budget", "context_keep_turns", "context_keep_pages"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must be >= 0 (0: off), got {getattr(self, name)}")
+        if self.context_edit_form not in CONTEXT_EDIT_FORMS:
+            problems.append(f"context_edit_form must be one of {CONTEXT_EDIT_FORMS}, got {self.context_edit_form!r}")
         unknown_modes = set(self.fetch_modes) - {"image", "text"}
         if unknown_modes:
             problems.append(f"fetch_modes may hold 'image' and 'text' only, got {sorted(unknown_modes)}")
@@ -200,6 +224,20 @@ class AgentRolloutConfig:
     def updated(self, **overrides: Any) -> "AgentRolloutConfig":
         """A copy with some fields replaced (validated again)."""
         return dataclasses.replace(self, **overrides)
+
+    @property
+    def edits_context(self) -> bool:
+        """Whether a context policy may edit the past (episodes may then have several rows)."""
+        return self.context_keep_turns > 0 or self.context_keep_pages > 0
+
+    def require_one_row_per_episode(self, trainer: str) -> None:
+        """Refuse a context policy where `trainer` takes exactly one row per episode."""
+        if self.edits_context:
+            raise ValueError(
+                f"context_keep_turns/context_keep_pages cut an episode into several training rows, and {trainer} takes "
+                "exactly one row per episode (prompts x n): train with `vrag-rollout learn` (or the learn loop) to use "
+                "a context policy here, or keep the past in one row with search_page_max_pixels and "
+                "visual_token_budget, which edit nothing")
 
     def images_per_sample(self, prompt_images: int = 1) -> int:
         if self.max_images_per_sample > 0:

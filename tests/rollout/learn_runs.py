@@ -8,6 +8,8 @@ starts its own engine on the tiny Qwen2-VL with the session engines' settings
 - `run`: the real loop, `STEPS` steps with the final evaluation, with the engine's logprob gap to
   the original model before and after it;
 - `flipped`: control 1, the same start and settings with every advantage negated;
+- `segmented`: the same start and settings under a context policy (`SEGMENTED`): episodes cut
+  into rows by context edits, each step's episode ids and advantages recorded;
 
 then saves what the tests read (records, summary, metrics lines, each step's log-prob gradient and
 masks, the trained weights, the outputs' paths) to ``WORK_DIR/runs.pt``. Its own engine is used by
@@ -26,6 +28,7 @@ import pytest
 
 STEPS = 12  # measured: the reward rises from 0.15 to about 0.8 by then (docs/learning.md)
 SETTINGS = dict(steps=STEPS, batch_size=3, n=8, lr=1e-3, seed=0)
+SEGMENTED = dict(context_keep_pages=1)  # the segmented run's context policy
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 3600
 
@@ -46,13 +49,16 @@ def learn_from_the_start(out, tiny_model_dir, tiny_processor, tiny_llm, original
     from vrag_rollout.training import grpo
 
     sync_weights(tiny_llm, original)  # a previous run left its trained weights in the engine
-    steps, real_loss = [], grpo.grpo_loss
+    steps, segments, real_loss = [], [], grpo.grpo_loss
 
     def recording_loss(*args, **kwargs):
         loss, log_prob, advantages, metrics = real_loss(*args, **kwargs)
         log_prob.retain_grad()
         batch = args[2]
         steps.append((log_prob, batch.batch["loss_mask"].bool(), batch.batch["response_mask"].bool()))
+        if "episode_id" in batch.non_tensor_batch:  # a segmented step: its rows' episodes and advantages
+            segments.append((batch.non_tensor_batch["episode_id"].copy(), advantages.detach().clone(),
+                             batch.batch["loss_mask"].bool().clone()))
         return loss, log_prob, advantages, metrics
 
     with pytest.MonkeyPatch.context() as patch:
@@ -60,6 +66,7 @@ def learn_from_the_start(out, tiny_model_dir, tiny_processor, tiny_llm, original
         result = run_learn(out, **{**SETTINGS, **settings}, model_dir=tiny_model_dir, processor=tiny_processor,
                            llm=tiny_llm, retriever=fixture_retriever(), progress=False)
     result["steps"] = [(log_prob.grad, sampled, response) for log_prob, sampled, response in steps]
+    result["segments"] = segments
     result["lines"] = (out / "metrics.jsonl").read_text().splitlines()
     return result
 
@@ -103,12 +110,19 @@ def main(work: Path) -> None:
         flipped = learn_from_the_start(work / "flipped", model_dir, processor, llm, original, evaluate=False)
     print(f"flipped advantages: {flipped['summary']}")
 
+    # the same task with a context policy: the first search's first page is a stub from turn 2 on,
+    # so episodes train as several rows (each weighed as one episode)
+    segmented = learn_from_the_start(work / "segmented", model_dir, processor, llm, original, evaluate=False,
+                                     context=SEGMENTED)
+    print(f"segmented episodes: {segmented['summary']}")
+
     kept = ("records", "summary", "lines", "steps", "final_dir", "eval_path")
     saved = {
         "run": {**{key: run[key] for key in kept}, "gap_before": before, "gap_after": after,
                 "trained": {name: p.detach().clone() for name, p in run["hf_model"].named_parameters()},
                 "report": SimpleNamespace(ok=run["report"].ok, text=run["report"].human())},
         "flipped": {key: flipped[key] for key in ("records", "summary")},
+        "segmented": {key: segmented[key] for key in ("records", "summary", "segments")},
     }
     torch.save(saved, work / "runs.pt.tmp")
     os.replace(work / "runs.pt.tmp", work / "runs.pt")

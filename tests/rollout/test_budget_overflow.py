@@ -20,7 +20,7 @@ from vrag_rollout.core.tool_turns import TOOLS, ToolTurnTemplate
 from vrag_rollout.core.vision import page_band
 from vrag_rollout.turn_output import TurnOutput
 from vrag_rollout.retrieval.types import RetrievedPage, RetrieverFailure
-from vrag_rollout.rollout.tools import Observer
+from vrag_rollout.rollout.tools import Observer, Room
 
 
 def jpeg(width: int, height: int) -> bytes:
@@ -54,32 +54,32 @@ TAG_CASES = {
 @pytest.mark.parametrize("case", TAG_CASES)
 def test_tags_overflow_is_the_smallest_budget_that_fits(observer, case):
     action, outcome, pages = TAG_CASES[case]
-    result = observer.observe_turn([(action, outcome, 3, 4)])[0]
+    result = observer.observe_turn([(action, outcome, Room(3, 4))])[0]
     assert result.observation is None and result.overflow is not None
     needed = result.overflow.tokens
     assert result.overflow.page_ids == pages
-    assert observer.observe_turn([(action, outcome, needed, 4)])[0].observation is not None
-    assert observer.observe_turn([(action, outcome, needed - 1, 4)])[0].observation is None
+    assert observer.observe_turn([(action, outcome, Room(needed, 4))])[0].observation is not None
+    assert observer.observe_turn([(action, outcome, Room(needed - 1, 4))])[0].observation is None
 
 
 def test_tags_overflow_of_a_full_image_allowance_is_the_limit_note(observer):
-    result = observer.observe_turn([(Search("q"), [SMALL], 3, 0)])[0]
+    result = observer.observe_turn([(Search("q"), [SMALL], Room(3, 0))])[0]
     needed = result.overflow.tokens
-    fits = observer.observe_turn([(Search("q"), [SMALL], needed, 0)])[0].observation
+    fits = observer.observe_turn([(Search("q"), [SMALL], Room(needed, 0))])[0].observation
     assert fits is not None and "image limit" in observer.builder.decode(fits.trainer_ids)
-    assert observer.observe_turn([(Search("q"), [SMALL], needed - 1, 0)])[0].observation is None
+    assert observer.observe_turn([(Search("q"), [SMALL], Room(needed - 1, 0))])[0].observation is None
 
 
 def test_tool_turn_overflow_is_the_smallest_budget_that_fits(observer, template):
     calls = [Fetch("image", 1), Fetch("text", 3), Invalid("bad call", "invalid_json")]
     outcomes = [BIG, RetrievedPage("doc_3", "doc", 3, "text", "text " * 30), None]
-    result = observer.observe_tool_turn(calls, outcomes, 5, 4, template)
+    result = observer.observe_tool_turn(calls, outcomes, Room(5, 4), template)
     assert result.observation is None
     needed = result.overflow.tokens
     assert result.overflow.page_ids == ("doc_1", "doc_3")
-    fits = observer.observe_tool_turn(calls, outcomes, needed, 4, template).observation
+    fits = observer.observe_tool_turn(calls, outcomes, Room(needed, 4), template).observation
     assert fits is not None and fits.num_images == 0  # the texts fit, the page image was left out
-    assert observer.observe_tool_turn(calls, outcomes, needed - 1, 4, template).observation is None
+    assert observer.observe_tool_turn(calls, outcomes, Room(needed - 1, 4), template).observation is None
 
 
 def test_an_error_that_does_not_fit_records_its_size(observer):

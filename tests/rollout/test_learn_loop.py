@@ -84,6 +84,23 @@ def test_control_flipped_advantages_the_reward_falls(run, flipped):
     assert flipped["records"][0]["reward_mean"] == run["records"][0]["reward_mean"]
 
 
+def test_segmented_episodes_learn_with_one_advantage_per_episode(runs):
+    """Under a context policy episodes train as several rows: the reward still rises, and every
+    row of an episode carries its episode's one advantage on its own sampled tokens."""
+    segmented = runs["segmented"]
+    assert segmented["summary"]["gain"] >= MIN_GAIN, segmented["summary"]
+    assert len(segmented["segments"]) == STEPS
+    cut = 0
+    for episode_ids, advantages, trained in segmented["segments"]:
+        assert len(episode_ids) > len(set(episode_ids.tolist()))  # some episode had several rows
+        for episode in set(episode_ids.tolist()):
+            rows = [r for r, e in enumerate(episode_ids) if e == episode]
+            cut += len(rows) > 1
+            values = torch.cat([advantages[r][trained[r]] for r in rows])
+            assert torch.allclose(values, values[:1].expand_as(values)), (episode, values)
+    assert cut > 0
+
+
 def test_observation_tokens_get_exactly_zero_gradient_in_the_real_run(run):
     assert len(run["steps"]) == STEPS
     observed_total = 0

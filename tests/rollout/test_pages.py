@@ -108,7 +108,7 @@ def test_observer_gives_every_sample_fetching_a_page_the_same_entry_and_a_crop_i
     from vrag_rollout.core.actions import Fetch
     from vrag_rollout.core.observation import ObservationBuilder, VisionTokens
     from vrag_rollout.retrieval.types import RetrievedPage
-    from vrag_rollout.rollout.tools import Observer
+    from vrag_rollout.rollout.tools import Observer, Room
 
     page = cover_image(7).resize((196, 252))
     crop = page.crop((0, 0, 112, 140)).resize((196, 252))
@@ -121,10 +121,10 @@ def test_observer_gives_every_sample_fetching_a_page_the_same_entry_and_a_crop_i
                              contents=base64.b64encode(encoded(image)).decode(), region=region)
 
     first, second = observer.observe_turn([
-        (Fetch("image", 2), served(page, "doc_2"), 10_000, 4),
-        (Fetch("image", 2), served(page, "doc_2"), 10_000, 4),
+        (Fetch("image", 2), served(page, "doc_2"), Room(10_000, 4)),
+        (Fetch("image", 2), served(page, "doc_2"), Room(10_000, 4)),
     ])
-    (cropped,) = observer.observe_turn([(Fetch("image", 2), served(crop, "doc_2", (0, 0, 0.5, 0.5)), 10_000, 4)])
+    (cropped,) = observer.observe_turn([(Fetch("image", 2), served(crop, "doc_2", (0, 0, 0.5, 0.5)), Room(10_000, 4))])
     a, b, c = (result.observation.images[0] for result in (first, second, cropped))
     assert a.entry is b.entry and a.image is b.image
     assert c.entry.key != a.entry.key
@@ -132,7 +132,7 @@ def test_observer_gives_every_sample_fetching_a_page_the_same_entry_and_a_crop_i
 
     # the trainer's band narrowed between rollout calls: the same answer is another page
     observer.band = PixelBand(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
-    (narrowed,) = observer.observe_turn([(Fetch("image", 2), served(page, "doc_2"), 10_000, 4)])
+    (narrowed,) = observer.observe_turn([(Fetch("image", 2), served(page, "doc_2"), Room(10_000, 4))])
     d = narrowed.observation.images[0]
     assert d.entry.key != a.entry.key and d.image.width * d.image.height <= 28 * 28 * 16
 

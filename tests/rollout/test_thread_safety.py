@@ -21,7 +21,7 @@ from vrag_rollout.retrieval.client import RetrievedPage, RetrieverFailure
 from vrag_rollout.core.serial_tokenizer import SerialTokenizer, lock_for, private_copy, serial
 from vrag_rollout.devkit.tiny_model import build_tiny_model, default_model_dir
 from vrag_rollout.core.tool_turns import TOOLS, ToolTurnTemplate
-from vrag_rollout.rollout.tools import Observer
+from vrag_rollout.rollout.tools import Observer, Room
 from vrag_rollout.core.vision import page_band
 
 pytestmark = pytest.mark.stress  # 8 threads x 30 rounds per family: seconds each
@@ -67,10 +67,10 @@ def work_items() -> list[tuple]:
 def build(observer: Observer, template: ToolTurnTemplate, item: tuple) -> list:
     kind, args = item
     if kind == "tags":
-        results = observer.observe_turn(args)
+        results = observer.observe_turn([(action, outcome, Room(budget, slots)) for action, outcome, budget, slots in args])
     else:
         calls, outcomes, budget, slots = args
-        results = [observer.observe_tool_turn(calls, outcomes, budget, slots, template)]
+        results = [observer.observe_tool_turn(calls, outcomes, Room(budget, slots), template)]
     return [(r.observation.engine_ids, r.observation.trainer_ids, r.observation.page_ids) for r in results]
 
 

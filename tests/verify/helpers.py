@@ -13,6 +13,7 @@ from PIL import Image, ImageDraw
 
 from tests.conftest import SAMPLE_RETRIEVAL
 from tests.rollout.agent_helpers import make_agent, prompt_batch
+from vrag_rollout.core.tool_turns import tools_for
 from vrag_rollout.devkit import planted_defects
 from vrag_rollout.core.pages import pixels
 from vrag_rollout.retrieval.fixtures import FixtureTransport
@@ -34,7 +35,9 @@ class Rollout:
 def roll(model_dir, processor, llm, samples, path: Path, **overrides) -> Rollout:
     retriever = RetrieverClient(None, transport=FixtureTransport.load(SAMPLE_RETRIEVAL))
     agent = make_agent(model_dir, processor, llm, retriever, n=N, **overrides)
-    output = agent.generate_sequences(prompt_batch(processor, samples, agent))
+    # the native tool-call format's prompts carry the tool schemas in their system turn
+    tools = tools_for(agent.config) if agent.config.action_format == "tool_call" else None
+    output = agent.generate_sequences(prompt_batch(processor, samples, agent, tools=tools))
     save_rollout(output, path, processor=processor, model_path=model_dir, config=agent.config)
     return Rollout(output, path, agent.config, model_dir)
 

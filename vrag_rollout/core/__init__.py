@@ -15,7 +15,8 @@ Rule (tests/test_layers.py): imports only `core/` and the package's leaf modules
 - `regions`: a box in a family's grounding frame mapped to fractions of the page (the region action).
 - `scope`: which document a call reads: the row's own, or in corpus scope the last page shown's.
 - `positions`: mrope position ids of a sequence with images.
-- `batch`: episodes assembled into the trainer's tensors and columns.
+- `context_edit`: a context policy's edits between turns, and the segments (rows) they cut an episode into.
+- `batch`: episodes (or their segments) assembled into the trainer's tensors and columns.
 - `prompt_images`: the images of a prompt, in the input's spellings.
 - `reward`: answer, format and retrieval scores of finished episodes.
 """

@@ -1,10 +1,18 @@
-"""Episodes -> the EasyR1 rollout output batch (pure tensor work, no engine, no HTTP)."""
+"""Episodes -> the EasyR1 rollout output batch (pure tensor work, no engine, no HTTP).
+
+A batch row is one episode, or, under a context policy, one segment of it (`batch_rows`: an
+episode's closed segments, then its current row, adjacent and in order). A segment row's
+response part begins with its context (`context_length` tokens): out of `loss_mask` and of the
+rollout log-probs, its sampled tokens marked in `sampled_mask`. Columns that only segmented
+batches have (`sampled_mask`, `episode_id`, `segment_index`, `context_length`) appear only when
+`BatchSpec.segmented`, so a batch without a context policy is what it always was.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -23,27 +31,58 @@ class BatchSpec:
     position_layout: str = "auto"  # "auto" | "4" | "3"
     image_key: str = "images"
     with_logprobs: bool = False
+    segmented: bool = False  # a context policy was on: add the segment columns
 
 
-def response_tensors(episodes: Sequence[Episode], spec: BatchSpec) -> dict[str, torch.Tensor]:
-    """responses, response_mask (real tokens, through the final EOS), loss_mask (sampled tokens),
-    turn_ids (each token's turn from 1, the observation answering a turn included; 0 at padding)."""
-    size, length = len(episodes), spec.response_length
+@dataclass(frozen=True)
+class BatchRow:
+    episode: Episode
+    part: Any  # the episode itself (its current row) or a closed `context_edit.Segment`
+    segment_index: int
+
+    @property
+    def final(self) -> bool:
+        return self.part is self.episode
+
+
+def batch_rows(episodes: Sequence[Episode]) -> list[BatchRow]:
+    """Each episode's rows in order: its closed segments, then its current row."""
+    return [BatchRow(ep, part, k) for ep in episodes for k, part in enumerate([*ep.segments, ep])]
+
+
+def as_rows(samples: Sequence[BatchRow | Episode]) -> list[BatchRow]:
+    """Rows as given, an episode taken as its one row."""
+    return [s if isinstance(s, BatchRow) else BatchRow(s, s, 0) for s in samples]
+
+
+def response_tensors(samples: Sequence[BatchRow | Episode], spec: BatchSpec) -> dict[str, torch.Tensor]:
+    """responses, response_mask (real tokens, through the final EOS), loss_mask (sampled tokens
+    after the row's context), turn_ids (each token's turn from 1, the observation answering a
+    turn included; 0 at padding); segmented, `sampled_mask` (every sampled token, context too)."""
+    rows = as_rows(samples)
+    size, length = len(rows), spec.response_length
     responses = torch.full((size, length), spec.pad_token_id, dtype=torch.long)
     response_mask = torch.zeros((size, length), dtype=torch.long)
     loss_mask = torch.zeros((size, length), dtype=torch.long)
     logprobs = torch.zeros((size, length), dtype=torch.float32)
     turn_ids = torch.zeros((size, length), dtype=torch.long)
-    for row, episode in enumerate(episodes):
-        used = len(episode.response_ids)
+    sampled_mask = torch.zeros((size, length), dtype=torch.long)
+    for row, batch_row in enumerate(rows):
+        part = batch_row.part
+        used = len(part.response_ids)
         if used > length:
-            raise AssertionError(f"episode {episode.index} overran its budget: {used} > {length}")
-        responses[row, :used] = torch.tensor(episode.response_ids, dtype=torch.long)
+            raise AssertionError(f"episode {batch_row.episode.index} overran its budget: {used} > {length}")
+        responses[row, :used] = torch.tensor(part.response_ids, dtype=torch.long)
         response_mask[row, :used] = 1
-        loss_mask[row, :used] = torch.tensor(episode.loss_mask, dtype=torch.long)
-        logprobs[row, :used] = torch.tensor(episode.logprobs, dtype=torch.float32)
-        turn_ids[row, :used] = torch.tensor(episode.turn_ids, dtype=torch.long)
+        sampled_mask[row, :used] = torch.tensor(part.loss_mask, dtype=torch.long)
+        logprobs[row, :used] = torch.tensor(part.logprobs, dtype=torch.float32)
+        turn_ids[row, :used] = torch.tensor(part.turn_ids, dtype=torch.long)
+        loss_mask[row] = sampled_mask[row]
+        loss_mask[row, : part.context_length] = 0  # the context was sampled under another context
+        logprobs[row, : part.context_length] = 0.0
     out = {"responses": responses, "response_mask": response_mask, "loss_mask": loss_mask, "turn_ids": turn_ids}
+    if spec.segmented:
+        out["sampled_mask"] = sampled_mask
     if spec.with_logprobs:
         out["rollout_log_probs"] = logprobs
     return out
@@ -57,7 +96,7 @@ def _continue_by_one(last: torch.Tensor, count: int) -> torch.Tensor:
 def response_position_ids(
     prompt_positions: torch.Tensor,
     prompt_mask: torch.Tensor,
-    episodes: Sequence[Episode],
+    samples: Sequence[BatchRow | Episode],
     spec: BatchSpec,
 ) -> torch.Tensor:
     """Position ids of prompt+response in the layout of `prompt_positions` (or the forced one).
@@ -82,13 +121,14 @@ def response_position_ids(
 
     rope_out = torch.empty((rope.size(0), 3, rope.size(-1) + length), dtype=torch.long)
     rope_out[:, :, : rope.size(-1)] = rope
-    for row, episode in enumerate(episodes):
+    for row, batch_row in enumerate(as_rows(samples)):
+        part = batch_row.part
         valid = prompt_mask[row].bool()
         start = int(rope[row][:, valid].max()) + 1 if bool(valid.any()) else 0
-        used = len(episode.response_ids)
-        grids = [page.grid_thw for page in episode.images]
+        used = len(part.response_ids)
+        grids = [page.grid_thw for page in part.images]
         response_rope = rope_positions(
-            episode.response_ids, grids, image_pad_id=spec.image_pad_id, merge_size=spec.merge_size, start=start
+            part.response_ids, grids, image_pad_id=spec.image_pad_id, merge_size=spec.merge_size, start=start
         )
         rope_out[row, :, rope.size(-1) : rope.size(-1) + used] = response_rope
         last = int(response_rope.max()) if used else start - 1
@@ -130,26 +170,33 @@ def collect_metrics(episodes: Sequence[Episode], client_stats: dict, elapsed: fl
     return metrics
 
 
+# The termination reason of a row an edit closed (its episode went on in the next row).
+CONTEXT_EDIT = "context_edit"
+
+
 def episode_columns(
-    episodes: Sequence[Episode], prompt_entries: Sequence[list], spec: BatchSpec
+    samples: Sequence[BatchRow | Episode], prompt_entries: Sequence[list], spec: BatchSpec
 ) -> dict[str, np.ndarray]:
-    """Per-sample non-tensor columns: images in sequence order (the prompt's own entries as the
+    """Per-row non-tensor columns: images in sequence order (the prompt's own entries as the
     trainer gave them, then the retrieved pages as their shared `pages.PageEntry`: one object per
-    distinct page in the whole batch), page ids, counters."""
-    return {
+    distinct page in the whole batch), page ids (a segment row: those shown until it closed),
+    counters (the episode's)."""
+    rows = as_rows(samples)
+    episodes = [row.episode for row in rows]
+    columns = {
         "multi_modal_data": object_array(
             [
-                {spec.image_key: list(entries) + [page.entry for page in ep.images]}
-                for ep, entries in zip(episodes, prompt_entries)
+                {spec.image_key: list(entries) + [page.entry for page in row.part.images]}
+                for row, entries in zip(rows, prompt_entries)
             ]
         ),
-        "page_ids": object_array([[list(turn) for turn in ep.page_ids] for ep in episodes]),
-        "turn_page_ids": object_array([ep.turn_page_ids() for ep in episodes]),
+        "page_ids": object_array([[list(turn) for turn in row.part.page_ids] for row in rows]),
+        "turn_page_ids": object_array([row.part.turn_page_ids() for row in rows]),
         # per retrieved image (after the prompt's): None, or the page fractions a crop shows
-        "image_regions": object_array([list(ep.image_regions) for ep in episodes]),
-        "termination_reason": object_array([ep.termination for ep in episodes]),
-        "budget_overflow": object_array([ep.budget_overflow for ep in episodes]),
-        "num_turns": np.array([ep.turns for ep in episodes], dtype=np.int64),
+        "image_regions": object_array([list(row.part.image_regions) for row in rows]),
+        "termination_reason": object_array([row.episode.termination if row.final else CONTEXT_EDIT for row in rows]),
+        "budget_overflow": object_array([row.episode.budget_overflow if row.final else None for row in rows]),
+        "num_turns": np.array([row.part.turns for row in rows], dtype=np.int64),
         "num_searches": np.array([ep.searches for ep in episodes], dtype=np.int64),
         "num_fetches": np.array([ep.fetches for ep in episodes], dtype=np.int64),
         "num_crops": np.array([ep.crops for ep in episodes], dtype=np.int64),
@@ -158,3 +205,8 @@ def episode_columns(
         "retriever_errors": np.array([ep.retriever_errors for ep in episodes], dtype=np.int64),
         "bad_requests": np.array([ep.bad_requests for ep in episodes], dtype=np.int64),
     }
+    if spec.segmented:
+        columns["episode_id"] = np.array([row.episode.index for row in rows], dtype=np.int64)
+        columns["segment_index"] = np.array([row.segment_index for row in rows], dtype=np.int64)
+        columns["context_length"] = np.array([row.part.context_length for row in rows], dtype=np.int64)
+    return columns

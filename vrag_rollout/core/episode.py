@@ -6,6 +6,10 @@ Invariants every method keeps, checked by property tests:
   answers them share it (`observation_turns[k]` is the turn of observation k);
 - an image's pad run enters the response whole or not at all;
 - `engine_response_ids` is `response_ids` with each image's pad run collapsed to one pad.
+
+Under a context policy (`context_edit.py`) the response is the episode's current row: its first
+`context_length` tokens are the edited context (out of the loss), and `segments` holds the rows
+closed before it. Counters, `page_ids` and `turn_page_ids` stay the whole episode's.
 """
 
 from __future__ import annotations
@@ -49,6 +53,13 @@ class Episode:
     # per retrieved image: None (a whole page) or the [x1, y1, x2, y2] page fractions a crop shows
     image_regions: list[Optional[list[float]]] = field(default_factory=list)
     page_ids: list[list[str]] = field(default_factory=list)  # one list per observation
+    # Per image of the current row, parallel to `images`: its page id, the turn that showed it,
+    # and its form ("full", or "thumbnail" after a context edit).
+    image_page_ids: list[str] = field(default_factory=list)
+    image_turns: list[int] = field(default_factory=list)
+    image_forms: list[str] = field(default_factory=list)
+    context_length: int = 0  # response tokens before the current row's own turns (context edits)
+    segments: list = field(default_factory=list)  # context_edit.Segment rows closed before this one
     turns: int = 0
     searches: int = 0
     fetches: int = 0
@@ -59,6 +70,7 @@ class Episode:
     bad_requests: int = 0  # fetches the retriever refused as the policy's mistake (no such page)
     undecodable_pages: int = 0  # retrieved page images that could not be decoded (left out)
     images_dropped: int = 0
+    visual_tokens: int = 0  # image tokens of every page the episode was shown (its visual budget spends these)
     answer: Optional[str] = None
     termination: Optional[str] = None
     # Why a "budget" ending: {"turn", "tokens", "remaining", "page_ids"} of the result that did
@@ -118,9 +130,13 @@ class Episode:
         self.turn_ids.extend([self.turns] * len(observation.trainer_ids))
         self.observation_turns.append(self.turns)
         self.images.extend(observation.images)
+        self.visual_tokens += sum(image.num_tokens for image in observation.images)
         for k, image in enumerate(observation.images):
             page_id, region = observation.image_page(k), observation.region_of(k)
             self.image_regions.append(None if region is None else list(region))
+            self.image_page_ids.append(page_id)
+            self.image_turns.append(self.turns)
+            self.image_forms.append("full")
             if region is None:  # a whole page: what a later region action may name
                 self.shown_pages[page_id] = image
                 self.last_page_id = page_id

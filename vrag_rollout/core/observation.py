@@ -18,6 +18,7 @@ RESULT_OPEN = "<result>"
 RESULT_CLOSE = "</result>"
 NO_PAGES = "no pages found for this query."
 IMAGE_LIMIT = "the image limit of this episode is reached; answer now."
+VISUAL_LIMIT = "the visual budget of this episode is spent: no more page images; fetch text or answer."
 
 @dataclass(frozen=True)
 class VisionTokens:
@@ -114,9 +115,11 @@ class ObservationBuilder:
         page_ids: Sequence[str],
         budget: int,
         image_slots: int,
+        limit: str = IMAGE_LIMIT,
     ) -> Optional[Observation]:
         """An observation with as many whole pages, best first, as fit `budget` tokens and
-        `image_slots` images; None when not even the empty result block fits."""
+        `image_slots` images; None when not even the empty result block fits. With no image
+        slot at all the policy is told `limit` (why no more images can be shown)."""
         if budget < self._overhead:
             return None
         room = budget - self._overhead
@@ -133,8 +136,8 @@ class ObservationBuilder:
         if not images:
             return self.message(NO_PAGES, budget)
         if not kept and image_slots <= 0:
-            limit = self.message(IMAGE_LIMIT, budget)
-            return None if limit is None else dataclasses.replace(limit, dropped_images=len(images))
+            told = self.message(limit, budget)
+            return None if told is None else dataclasses.replace(told, dropped_images=len(images))
         if not kept:
             return None  # pages existed but none fits: the episode ends on its budget
         return Observation(
@@ -165,12 +168,13 @@ class ObservationBuilder:
         return self.message(f"error: {message}", budget, is_error=True)
 
     # ---- what a result that did not fit would have needed (for the batch's budget_overflow) ----
-    def pages_overflow(self, images: Sequence[Any], page_ids: Sequence[str], image_slots: int) -> Overflow:
+    def pages_overflow(self, images: Sequence[Any], page_ids: Sequence[str], image_slots: int,
+                       limit: str = IMAGE_LIMIT) -> Overflow:
         """The smallest page, whole, inside the result block (no page: the note saying so)."""
         if not images:
             return self.message_overflow(NO_PAGES)
         if image_slots <= 0:
-            return self.message_overflow(IMAGE_LIMIT)
+            return self.message_overflow(limit)
         smallest = min((len(self.image_block(image.num_tokens)[1]) for image in images), default=0)
         return Overflow(self._overhead + smallest, tuple(page_ids))
 

@@ -388,6 +388,24 @@ def _shrunk_jpeg(raw: bytes, band: PixelBand) -> Optional[PageImage]:
     return _page(_resize(pixels, height, width), band)
 
 
+def processor_floor(processor: Any, trainer_min_pixels: Optional[int] = None) -> int:
+    """The fewest pixels a page may have: the image processor's own minimum, or the trainer's,
+    whichever is larger (a smaller page would be resized again by the actor)."""
+    ip = getattr(processor, "image_processor", None) or processor
+    return max(_processor_pixel_limits(ip)[0], int(trainer_min_pixels or 0))
+
+
+def lowered_band(band: PixelBand, max_pixels: int, floor_pixels: int) -> Optional[PixelBand]:
+    """`band` with its top lowered to `max_pixels` (its bottom with it, never below
+    `floor_pixels`); `band` itself when it already lies below; None when no page fits."""
+    if max_pixels >= band.max_pixels:
+        return band
+    floor = max(floor_pixels, band.factor ** 2)
+    if max_pixels < floor:
+        return None
+    return dataclasses.replace(band, min_pixels=max(floor, min(band.min_pixels, max_pixels)), max_pixels=max_pixels)
+
+
 def narrowed_band(band: Any, min_pixels: Optional[int], max_pixels: Optional[int]) -> Any:
     """`band` intersected with the trainer's [min_pixels, max_pixels]; ValueError if disjoint."""
     low = max(band.min_pixels, int(min_pixels or 0))

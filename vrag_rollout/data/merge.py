@@ -144,7 +144,7 @@ def merge_command(sources: list[Path], out: Path, index_dir: Optional[Path]) -> 
     from .dataset import IndexDirError
 
     if index_dir is None:
-        print("convert-dataset --merge: name the merged index (--index DIR): every set's documents indexed together",
+        print("convert-dataset: --merge needs the merged index (--index DIR): every set's documents indexed together",
               file=sys.stderr)
         return 2
     try:
@@ -153,7 +153,7 @@ def merge_command(sources: list[Path], out: Path, index_dir: Optional[Path]) -> 
         print(f"convert-dataset: --index {error}", file=sys.stderr)
         return 2
     except MergeError as error:
-        print(f"convert-dataset --merge: {error}", file=sys.stderr)
+        print(f"convert-dataset (merge): {error}", file=sys.stderr)
         return 2
     print(f"merged {done['rows']} questions from {len(sources)} files into {out} (corpus scope: every question "
           f"searches all of {index_dir})")

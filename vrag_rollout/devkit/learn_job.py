@@ -115,10 +115,14 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
               retriever_url: Optional[str] = None, fixtures: Optional[str] = None, action_format: str = "tags",
               data: Optional[Path] = None, index: Optional[Path] = None, evaluate: bool = True,
               progress: bool = True, retriever_preflight: str = "fail", guard: str = "drop",
-              grammar: Optional[bool] = None, save_every: int = 0, resume: bool = False) -> dict:
+              grammar: Optional[bool] = None, save_every: int = 0, resume: bool = False,
+              context: Optional[dict] = None) -> dict:
     """Run the loop and write its outputs (module docstring); returns {"records", "summary",
     "hf_model", "llm", "agent", "model_dir", "processor", "final_dir", "eval_path", "report",
-    "questions", "truths"}."""
+    "questions", "truths"}. `context`: the
+    rollout's visual budgets and context policy (`AgentRolloutConfig` fields such as
+    `context_keep_pages`; README "Context budget"): an edited episode trains as several rows,
+    weighed as one (`training/segments.py`)."""
     check_settings(steps=steps, batch_size=batch_size, n=n, max_turns=max_turns,
                    response_length=response_length, temperature=temperature, lr=lr, data=data, index=index,
                    out_dir=out_dir, resume=resume, save_every=save_every)
@@ -159,7 +163,7 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
                              **learn_grammar(data, samples, counts, index, action_format,
                                              acts=(model is None) if grammar is None else grammar),
                              retriever_url=retriever_url or "http://127.0.0.1:8002", retriever_fixtures=fixtures,
-                             retriever_preflight=retriever_preflight, **demo_page_band(processor))
+                             retriever_preflight=retriever_preflight, **demo_page_band(processor), **(context or {}))
         agent = vLLMRolloutAgent(str(model_dir), config, tokenizer, processor, inference_engine=llm,
                                  retriever=retriever)
         engine = agent.inference_engine

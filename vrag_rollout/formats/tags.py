@@ -107,5 +107,5 @@ class TagFormat(FormatBase):
 
     def observe(self, observer: Any, calls: list, outcomes: list, room: list) -> list:
         """`observer`: the run's `rollout.tools.Observer` (this layer sits below the rollout)."""
-        return observer.observe_turn([(action, outcome, budget, slots)
-                                      for (_, action), outcome, (budget, slots) in zip(calls, outcomes, room)])
+        return observer.observe_turn([(action, outcome, space)
+                                      for (_, action), outcome, space in zip(calls, outcomes, room)])

@@ -130,8 +130,8 @@ class ToolCallFormat(FormatBase):
 
     def observe(self, observer: Any, calls: list, outcomes: list, room: list) -> list:
         """`observer`: the run's `rollout.tools.Observer` (this layer sits below the rollout)."""
-        return [observer.observe_tool_turn(turn.calls, outs, budget, slots, self.template)
-                for (_, turn), outs, (budget, slots) in zip(calls, outcomes, room)]
+        return [observer.observe_tool_turn(turn.calls, outs, space, self.template)
+                for (_, turn), outs, space in zip(calls, outcomes, room)]
 
 
 def read_template(path: str) -> str:

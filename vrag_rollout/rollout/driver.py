@@ -37,12 +37,14 @@ from tensordict import TensorDict
 from ..config import AgentRolloutConfig
 from ..core import step
 from ..core.actions import Crop, Fetch, Search
-from ..core.batch import BatchSpec, collect_metrics, episode_columns, response_position_ids, response_tensors
+from ..core.batch import (BatchSpec, batch_rows, collect_metrics, episode_columns, response_position_ids,
+                          response_tensors)
 from ..core.episode import Episode
 from ..core.observation import ObservationBuilder, VisionTokens
 from ..core.prompt_images import engine_images, image_key, prompt_entries
 from ..core.serial_tokenizer import private_copy
-from ..core.vision import narrowed_band, page_band
+from ..core.context_edit import ContextEditor, ContextPolicy
+from ..core.vision import fit_to_band, lowered_band, narrowed_band, page_band, page_of, processor_floor
 from ..engine.group_sync import LocalSync, sync_for
 from ..engine.sampling import BANNED_LOGIT_BIAS, SamplingPlan, data_parallel_rank, request_seed
 from ..families import detect_family, padded_token_ids
@@ -96,6 +98,7 @@ class EpisodeDriver:
         # Also part of every seed: the same prompt on two data-parallel ranks gets other noise.
         self.dp_rank = data_parallel_rank if data_parallel_rank is not None else _dp_rank(self.config)
         self.format = self.retriever = self.observer = self.band = None
+        self.context_editor: Optional[ContextEditor] = None
         self._document_check: Any = None  # the preflight's cache, per retriever (`_documents`)
         self._document_check_lock = threading.Lock()
         if format_class is not None:
@@ -106,6 +109,7 @@ class EpisodeDriver:
             self.band = page_band(processor, self.config.page_min_pixels, self.config.page_max_pixels)
             self.retriever = retriever or self._default_retriever()
             self.observer = Observer(self.observations, self.band)
+            self._set_bands(self.band, processor_floor(processor))
             self.format = format_class(self.config, self.tokenizer, grounding_frame=self.family.grounding_frame)
             self.sampling.banned.extend(self.format.banned_token_ids)
 
@@ -120,6 +124,10 @@ class EpisodeDriver:
 
     # ---- one turn of one sample (the shared, pure step) ----
     def ready(self, episode: Episode) -> bool:
+        """Whether the sample generates again; under a context policy its context is edited
+        first (which may close a segment: `core.context_edit`)."""
+        if self.context_editor is not None and not episode.done:
+            self.context_editor.edit(episode)
         return step.ready(episode)
 
     def request(self, episode: Episode, turn: int) -> tuple:
@@ -141,11 +149,15 @@ class EpisodeDriver:
         outcomes = self.sync.share(lambda: call_within(lambda: self.tool_outcomes(calls), self.tool_deadline_s))
         return self.observe_outcomes(calls, outcomes, room)
 
-    @staticmethod
-    def room(calls: list) -> list[tuple[int, int]]:
-        """(response budget, image slots) of each call's episode, read on the loop thread when the
-        calls go out: what their observations may fill (a tool thread reads no episode)."""
-        return [(episode.remaining, episode.image_slots) for episode, _ in calls]
+    def room(self, calls: list) -> list:
+        """Response budget, image slots and visual tokens left (`tools.Room`) of each call's
+        episode, read on the loop thread when the calls go out: what their observations may fill
+        (a tool thread reads no episode)."""
+        from .tools import Room
+
+        budget = self.config.visual_token_budget
+        return [Room(episode.remaining, episode.image_slots,
+                     max(budget - episode.visual_tokens, 0) if budget else None) for episode, _ in calls]
 
     @property
     def tool_deadline_s(self) -> Optional[float]:
@@ -239,7 +251,33 @@ class EpisodeDriver:
             stats.reset()
         # The actor rescales every image into the trainer's data pixel band before its processor
         # runs: pages must already lie inside it or their grids would change under the actor.
-        self.observer.band = narrowed_band(self.band, meta.get("min_pixels"), meta.get("max_pixels"))
+        band = narrowed_band(self.band, meta.get("min_pixels"), meta.get("max_pixels"))
+        self._set_bands(band, processor_floor(self.processor, meta.get("min_pixels")))
+
+    def _set_bands(self, band: Any, floor_pixels: int) -> None:
+        """The observer's bands (full, search thumbnails, the floor) and the context editor,
+        whose thumbnails are rendered within them."""
+        config = self.config
+        self.observer.band, self.observer.floor_pixels = band, floor_pixels
+        self.observer.search_band = None
+        if config.search_page_max_pixels is not None:
+            self.observer.search_band = lowered_band(band, config.search_page_max_pixels, floor_pixels)
+            if self.observer.search_band is None:
+                raise ValueError(f"search_page_max_pixels {config.search_page_max_pixels} is below the smallest page "
+                                 f"the trainer keeps ({floor_pixels} pixels): raise it, or lower the trainer's min_pixels")
+        self.context_editor = None
+        if config.edits_context:
+            thumbnails = self.observer.search_band or lowered_band(band, band.max_pixels // 4, floor_pixels) or band
+            self.context_editor = ContextEditor(
+                ContextPolicy(config.context_keep_turns, config.context_keep_pages, config.context_edit_form),
+                self.vision_tokens.vision_start, self.vision_tokens.vision_end, self.vision_tokens.image_pad,
+                encode=self.observations.encode_text,
+                thumbnail=lambda page: self._thumbnail(page, thumbnails))
+
+    def _thumbnail(self, page: Any, band: Any) -> Any:
+        """A page shown again smaller: one shared entry per page and band (`pages.PageCache`)."""
+        entry = self.observer.pages.get(("thumbnail", page.entry.key, band), lambda: fit_to_band(page.image, band).entry)
+        return page_of(entry, band)
 
     def failure_warning(self, metrics: dict) -> Optional[str]:
         """A warning for a batch whose retriever calls failed too often, or None."""
@@ -303,6 +341,8 @@ class EpisodeDriver:
         return out
 
     def assemble(self, prompts: Any, episodes: list[Episode], n: int, clock: ScheduleClock) -> Any:
+        """The trainer's batch: one row per episode, or per segment under a context policy (an
+        episode's rows adjacent, in order, each beside its prompt)."""
         meta = prompts.meta_info
         spec = BatchSpec(
             response_length=self.config.response_length,
@@ -312,31 +352,35 @@ class EpisodeDriver:
             position_layout=self.config.position_ids_layout,
             image_key=image_key(prompts.non_tensor_batch.get("multi_modal_data")),
             with_logprobs=self.config.calculate_log_probs,
+            segmented=self.config.edits_context,
         )
-        prompt_ids = prompts.batch["input_ids"].repeat_interleave(n, dim=0)
-        prompt_mask = prompts.batch["attention_mask"].repeat_interleave(n, dim=0)
-        prompt_positions = prompts.batch["position_ids"].repeat_interleave(n, dim=0)
-        tensors = response_tensors(episodes, spec)
-        tensors["response_mask"] = tensors["response_mask"].to(prompt_mask.dtype)
-        tensors["loss_mask"] = tensors["loss_mask"].to(prompt_mask.dtype)
+        rows = batch_rows(episodes)
+        prompt_of = torch.tensor([row.episode.index // n for row in rows], dtype=torch.long)
+        prompt_ids = prompts.batch["input_ids"][prompt_of]
+        prompt_mask = prompts.batch["attention_mask"][prompt_of]
+        prompt_positions = prompts.batch["position_ids"][prompt_of]
+        tensors = response_tensors(rows, spec)
+        for key in ("response_mask", "loss_mask", "sampled_mask"):
+            if key in tensors:
+                tensors[key] = tensors[key].to(prompt_mask.dtype)
         tensors.update(
             prompts=prompt_ids,
             input_ids=torch.cat([prompt_ids, tensors["responses"]], dim=-1),
             attention_mask=torch.cat([prompt_mask, tensors["response_mask"]], dim=-1),
-            position_ids=response_position_ids(prompt_positions, prompt_mask, episodes, spec),
+            position_ids=response_position_ids(prompt_positions, prompt_mask, rows, spec),
         )
-        entries = prompt_entries(prompts.non_tensor_batch.get("multi_modal_data"), len(prompt_ids) // n)
-        non_tensors = episode_columns(episodes, [entries[ep.index // n] for ep in episodes], spec)
+        entries = prompt_entries(prompts.non_tensor_batch.get("multi_modal_data"), len(prompts.batch["input_ids"]))
+        non_tensors = episode_columns(rows, [entries[int(k)] for k in prompt_of], spec)
         if self.format is not None:  # the document each sample searched, beside its episode
             key = self.config.doc_id_key
-            non_tensors[key] = object_array([prompts.non_tensor_batch[key][ep.index // n] for ep in episodes])
+            non_tensors[key] = object_array([prompts.non_tensor_batch[key][int(k)] for k in prompt_of])
         meta_out = dict(meta)
         timing = clock.metrics()
         meta_out["metrics"] = collect_metrics(episodes, self._client_stats(), time.perf_counter() - clock.started)
         meta_out["metrics"].update(timing)
         meta_out.update(self.rollout_meta())
         return type(prompts)(
-            batch=TensorDict(tensors, batch_size=[len(episodes)]),
+            batch=TensorDict(tensors, batch_size=[len(rows)]),
             non_tensor_batch=non_tensors,
             meta_info=meta_out,
         )

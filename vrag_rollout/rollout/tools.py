@@ -14,14 +14,14 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from ..core.actions import Crop, Fetch, Invalid, Search, ToolCall
 from ..core.regions import RegionError, RegionRequest
-from ..core.observation import NO_PAGES, Observation, ObservationBuilder, Overflow
+from ..core.observation import IMAGE_LIMIT, NO_PAGES, VISUAL_LIMIT, Observation, ObservationBuilder, Overflow
 from ..core.pages import PageCache, content_key
 from ..core.scope import NO_CURRENT_DOCUMENT
 from ..retrieval.types import FetchSpec, RetrievedPage, RetrieverFailure
 
 # The RetrieverFailure kind of a request the retriever refused as the asker's mistake.
 REQUEST_FAILURE = "request"
-from ..core.vision import ImageDecodeError, PixelBand, decode_page, decode_page_file, page_of
+from ..core.vision import ImageDecodeError, PixelBand, decode_page, decode_page_file, lowered_band, page_of
 
 UNLIMITED = 1 << 30  # a budget or image count that never binds: measuring an observation's size
 
@@ -84,27 +84,54 @@ def call_retriever(calls: Sequence[ToolCall], client: Any, top_n: int, band: Opt
     return outcomes
 
 
+@dataclass(frozen=True)
+class Room:
+    """What one call's observation may fill, read from its episode when the call went out."""
+
+    budget: int  # response tokens
+    image_slots: int
+    visual_tokens: Optional[int] = None  # the episode's visual-token budget left (None: no limit)
+
+
 @dataclass
 class Observer:
-    """Builds observations for tool outcomes: decodes and resizes pages into the band, each
-    distinct page once (`pages`: every episode shown a page holds its one entry and image)."""
+    """Builds observations for tool outcomes: decodes and resizes pages into their band, each
+    distinct page once per band (`pages`: every episode shown a page holds its one entry and image).
+
+    Bands: `band` for fetched pages and crops; `search_band` (thumbnails) for search results when
+    set; under a visual-token budget an observation's pages share what is left, each page's band
+    lowered to its share, never below `floor_pixels` (the trainer's smallest image): a page
+    whose share is smaller is left out and the policy told so (`VISUAL_LIMIT`)."""
 
     builder: ObservationBuilder
     band: PixelBand
     decoder: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(max_workers=4))
     pages: PageCache = field(default_factory=PageCache)
+    search_band: Optional[PixelBand] = None
+    floor_pixels: int = 0
+
+    def band_for(self, action: Any, room: Room, pages: int) -> Optional[PixelBand]:
+        """The band of `pages` image pages answering `action` within `room`; None: no room left."""
+        band = self.search_band if self.search_band is not None and isinstance(action, Search) else self.band
+        if room.visual_tokens is None or pages == 0:
+            return band
+        return lowered_band(band, room.visual_tokens // pages * band.factor ** 2, self.floor_pixels)
 
     def observe_turn(self, items: Sequence[tuple]) -> list[ObservationResult]:
-        """(action, outcome, budget, image_slots) per tool call -> one result each.
+        """(action, outcome, room) per tool call -> one result each.
 
         Every image page of the turn is decoded in one parallel pass (the decoder releases the GIL).
         """
-        pages = [page for _, outcome, _, _ in items for page in _image_pages(outcome)]
+        bands = [self.band_for(action, room, len(_image_pages(outcome))) for action, outcome, room in items]
+        pages = [(page, band or self.band) for (_, outcome, _), band in zip(items, bands)
+                 for page in _image_pages(outcome)]
         decoded = self._decode_all(pages)
-        return [self._observe(action, outcome, budget, slots, decoded) for action, outcome, budget, slots in items]
+        return [self._observe(action, outcome, room.budget, room.image_slots if band else 0, decoded,
+                              limit=IMAGE_LIMIT if band else VISUAL_LIMIT)
+                for (action, outcome, room), band in zip(items, bands)]
 
     def _observe(self, action: Union[Search, Fetch, Crop], outcome: Outcome, budget: int, image_slots: int,
-                 decoded: dict) -> ObservationResult:
+                 decoded: dict, limit: str = "") -> ObservationResult:
         """The call's observation within `budget`; when it does not fit, what its smallest form
         needed (`overflow`, each case's own, computed only then)."""
         builder = self.builder
@@ -124,21 +151,25 @@ class Observer:
             message = _undecodable(action)
             return _fitted(builder.error(message, budget), lambda: builder.error_overflow(message),
                            retriever_error=True, decode_errors=decode_errors)
-        observation = builder.pages(images, page_ids, budget, image_slots)
+        observation = builder.pages(images, page_ids, budget, image_slots, limit or IMAGE_LIMIT)
         region_of = {id(decoded[id(page)]): page.region for page in pages if decoded[id(page)] is not None}
         if observation is not None and any(region_of.values()):  # the builder may leave pages out
             observation = dataclasses.replace(
                 observation, image_regions=tuple(region_of[id(image)] for image in observation.images))
-        return _fitted(observation, lambda: builder.pages_overflow(images, page_ids, image_slots),
+        return _fitted(observation, lambda: builder.pages_overflow(images, page_ids, image_slots, limit or IMAGE_LIMIT),
                        decode_errors=decode_errors)
 
-    def observe_tool_turn(self, calls: Sequence[Any], outcomes: Sequence[Any], budget: int, image_slots: int,
+    def observe_tool_turn(self, calls: Sequence[Any], outcomes: Sequence[Any], room: Room,
                           template: Any) -> ObservationResult:
         """One tool turn (native tool-call format) answering every call of an assistant turn in
         order: pages as images with their ids, page text, or an error text. Page images that do
         not fit the budget or the image slots are left out from the last one back (their ids
-        stay, marked as left out); None when not even the texts fit."""
-        pages = [page for outcome in outcomes for page in _image_pages(outcome)]
+        stay, marked as left out); None when not even the texts fit. Under a visual-token
+        budget the turn's pages share what is left."""
+        count = sum(len(_image_pages(outcome)) for outcome in outcomes)
+        bands = [self.band_for(call, room, count) for call in calls]
+        budget, image_slots = room.budget, room.image_slots if all(bands) else 0
+        pages = [(page, band or self.band) for outcome, band in zip(outcomes, bands) for page in _image_pages(outcome)]
         decoded = self._decode_all(pages)
         counts = ObservationResult(None)
         # per call: (images, text, the id of a text page shown, else None)
@@ -213,25 +244,27 @@ class Observer:
                            dropped_images=sum(len(imgs) for imgs, _, _ in answers) - len(images),
                            image_regions=regions if any(regions) else ())
 
-    def _decode_all(self, pages: Sequence[RetrievedPage]) -> dict:
-        """id(page) -> its PageImage (None: undecodable), each distinct page decoded once (in
-        parallel: the decoder releases the GIL), however often it is served."""
-        # the band is part of the key: the trainer's band may narrow it between rollout calls
-        keys = [(content_key(page.contents), self.band) for page in pages]
+    def _decode_all(self, pages: Sequence[tuple[RetrievedPage, PixelBand]]) -> dict:
+        """id(page) -> its PageImage in its band (None: undecodable), each distinct page and band
+        decoded once (in parallel: the decoder releases the GIL), however often it is served."""
+        # the band is part of the key: the trainer's band may narrow it between rollout calls,
+        # and thumbnails and budgets give one page several bands
+        keys = [(content_key(page.contents), band) for page, band in pages]
         distinct = dict(zip(keys, pages))
         entries = dict(zip(distinct, self.decoder.map(self._entry, distinct, distinct.values())))
-        return {id(page): None if entries[key] is None else page_of(entries[key], self.band)
-                for page, key in zip(pages, keys)}
+        return {id(page): None if entries[key] is None else page_of(entries[key], key[1])
+                for (page, _), key in zip(pages, keys)}
 
-    def _entry(self, key: tuple, page: RetrievedPage) -> Any:
-        return self.pages.get(key, lambda: self._decode_new(page))
+    def _entry(self, key: tuple, item: tuple[RetrievedPage, PixelBand]) -> Any:
+        return self.pages.get(key, lambda: self._decode_new(*item))
 
-    def _decode_new(self, page: RetrievedPage) -> Any:
+    @staticmethod
+    def _decode_new(page: RetrievedPage, band: PixelBand) -> Any:
         try:
             # bytes: the JPEG itself (a binary answer); str: base64 (JSON, fixtures)
             if isinstance(page.contents, bytes):
-                return decode_page_file(page.contents, self.band).entry
-            return decode_page(page.contents, self.band).entry
+                return decode_page_file(page.contents, band).entry
+            return decode_page(page.contents, band).entry
         except ImageDecodeError:
             return None
 

@@ -2,6 +2,8 @@
 
 - `grpo`: GRPO advantages and the clipped policy loss, taken from verl's `core_algos` (not
   re-typed), over the batch's loss mask; the HF model's response log-probs; one update step.
+- `segments`: a segmented batch (context edits: several rows an episode) trained per episode: one
+  GRPO advantage an episode, and loss weights that count an episode once whatever its rows.
 - `learn`: the closed loop's steps (rollout, reward, GRPO step, sync, gap check, metrics.jsonl)
   with its rollout and weight sync passed in as callables.
 

@@ -47,6 +47,7 @@ import torch
 
 from ..logit_bias import dense_logit_bias
 from ..core.pages import pixels
+from .segments import episode_advantages, episode_ids, episode_weights
 
 IMAGE_PAD = "<|image_pad|>"
 
@@ -78,9 +79,12 @@ def group_index(batch_size: int, n: int) -> np.ndarray:
 
 
 def grpo_advantages(batch: Any, rewards: Any, n: int, mask_key: str = "loss_mask") -> torch.Tensor:
-    """(B, R) GRPO advantages by verl (ray_trainer.compute_advantage, AdvantageEstimator.GRPO)."""
+    """(B, R) GRPO advantages by verl (ray_trainer.compute_advantage, AdvantageEstimator.GRPO); a
+    segmented batch's per episode (`segments.episode_advantages`)."""
     from verl.trainer.ppo import core_algos
 
+    if episode_ids(batch) is not None:
+        return episode_advantages(batch, rewards, n, mask_key)
     mask = batch.batch[mask_key]
     advantages, _returns = core_algos.compute_grpo_outcome_advantage(
         token_level_rewards=token_level_rewards(batch, rewards),
@@ -163,8 +167,17 @@ def grpo_loss(hf_model: Any, processor: Any, batch: Any, rewards: Any, n: int, t
     log_prob = response_log_probs(hf_model, processor, batch, temperature)
     old = log_prob.detach() if old_log_prob is None else old_log_prob
     advantages = grpo_advantages(batch, rewards, n, mask_key).to(log_prob.device)
-    loss, metrics = policy_loss(log_prob, old, advantages, batch.batch[mask_key].to(log_prob.device), config)
+    loss, metrics = episode_policy_loss(log_prob, old, advantages, batch, config, mask_key)
     return loss, log_prob, advantages, metrics
+
+
+def episode_policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor, batch: Any,
+                        config: Any, mask_key: str = "loss_mask") -> tuple[torch.Tensor, dict]:
+    """`policy_loss` with each episode weighed as one row, however many rows a context policy cut
+    it into (`segments.episode_weights`; the plain policy loss for a batch without segments)."""
+    weights = episode_weights(batch, config.loss_agg_mode, mask_key)
+    weighted = advantages if weights is None else advantages * weights.to(advantages.device)
+    return policy_loss(log_prob, old_log_prob, weighted, batch.batch[mask_key].to(log_prob.device), config)
 
 
 def kl_to_reference(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, mask: torch.Tensor) -> float:
@@ -200,5 +213,5 @@ def grpo_step(hf_model: Any, optimizer: Any, processor: Any, batch: Any, rewards
             "grad_norm": float(grad_norm), **metrics}
 
 
-__all__ = ["actor_config", "grammar_forced", "grpo_advantages", "grpo_loss", "grpo_step", "kl_to_reference", "policy_loss",
+__all__ = ["actor_config", "episode_policy_loss", "grammar_forced", "grpo_advantages", "grpo_loss", "grpo_step", "kl_to_reference", "policy_loss",
            "response_log_probs", "token_level_rewards"]

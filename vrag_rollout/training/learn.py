@@ -49,6 +49,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..core.reward import PARTS, compute_scores, shown_pages
 from .grpo import actor_config, grpo_step
+from .segments import last_rows, prompt_rows
 
 STEP_FIELDS = ("step", "reward_mean", *(f"reward_{part}" for part in PARTS), "advantage_std", "loss", "grad_norm",
                "logprob_gap_max", "policy_movement", "kl_to_initial", "turns_mean", "pages_shown_mean",
@@ -87,20 +88,22 @@ def row_ground_truth(truth: Any, page_ids: Any) -> Any:
 
 def episode_scores(batch: Any, tokenizer: Any, truths: Sequence[Any], **weights: float) -> list[dict]:
     """`core.reward`'s scores (`overall` and its parts) per row; `truths` has one entry per prompt
-    (row // n)."""
-    rows = len(batch.batch["responses"])
-    if not truths or rows % len(truths):
-        raise LearnError(f"{rows} rows are not a whole number of samples of {len(truths)} prompts")
-    n = rows // len(truths)
+    (row // n; a segmented batch's row answers its episode's prompt). An episode's score is its
+    last row's: that row holds every turn it sampled and every page it was shown."""
+    episodes = len(last_rows(batch))  # a segmented batch has several rows an episode
+    if not truths or episodes % len(truths):
+        raise LearnError(f"{episodes} episodes are not a whole number of samples of {len(truths)} prompts")
+    prompt_of = prompt_rows(batch, episodes // len(truths))
     pages = batch.non_tensor_batch.get("page_ids")
     inputs = [{"response": text, "response_length": 0,
-               "ground_truth": row_ground_truth(truths[row // n], None if pages is None else pages[row])}
+               "ground_truth": row_ground_truth(truths[prompt_of[row]], None if pages is None else pages[row])}
               for row, text in enumerate(episode_texts(batch, tokenizer))]
     return [{key: float(value) for key, value in score.items()} for score in compute_scores(inputs, **weights)]
 
 
 def turns_mean(batch: Any) -> float:
     turns = batch.non_tensor_batch.get("num_turns")
+    turns = None if turns is None else [turns[row] for row in last_rows(batch)]
     return float(sum(int(t) for t in turns) / len(turns)) if turns is not None and len(turns) else 0.0
 
 
@@ -109,6 +112,7 @@ def pages_shown_mean(batch: Any) -> float:
     pages = batch.non_tensor_batch.get("page_ids")
     if pages is None or not len(pages):
         return 0.0
+    pages = [pages[row] for row in last_rows(batch)]
     return float(sum(sum(len(turn) for turn in shown_pages(row)) for row in pages) / len(pages))
 
 
@@ -233,7 +237,8 @@ def learn(prompts: Any, *, rollout: Callable[[Any], Any], sync: Callable[[Any], 
             sync(hf_model)
             gap = float(probe(hf_model))
             synced = time.perf_counter()
-            record = step_record(step, scores, update, gap, movement, batch,
+            # an episode counts once, by its last row (a segmented batch has several rows an episode)
+            record = step_record(step, [scores[row] for row in last_rows(batch)], update, gap, movement, batch,
                                  (rolled - started, updated - rolled, synced - updated), step_drift)
             metrics_file.write(json.dumps(record) + "\n")
             metrics_file.flush()

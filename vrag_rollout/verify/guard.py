@@ -16,6 +16,8 @@ minus the forward pass:
   (`check/observations.py`); turn ids against the loss mask (`check/turns.py`);
 - the rollout's log-probs: finite and at most 0 on real response tokens;
 - GRPO groups: one prompt per group (by uid or n-chunk), not identical (`check/groups.py`);
+- a segmented batch's episodes (`check/segments.py`): rows in order, contexts out of the loss and
+  holding the earlier rows' sampled tokens verbatim; a bad row takes its episode's rows with it;
 - mrope positions of every sample against the still-image mrope rule (`check/mrope_rule.py`, a
   few tensor operations on the ids and the grids taken from the images' sizes), and of
   `positions_fraction` of the samples (at least one), drawn per call, against the family's own
@@ -48,6 +50,7 @@ from .check.mrope_rule import rule_positions
 from .check.positions import check_positions
 from .check.report import Failure
 from .check.rows import sample_rows
+from .check.segments import check_segments, episodes_of
 from .check.runner import observation_layout
 from .check.turns import check_turns
 from .emptying import empty_samples, rollout_positions
@@ -129,9 +132,10 @@ class Guard:
             if fails:
                 found[s] = fails
         group_fails, _ = check_groups(view)
-        for failure in group_fails:
+        segment_fails, _ = check_segments(view)
+        for failure in group_fails + segment_fails:
             found.setdefault(failure.sample, []).append(failure)
-        report.failures = dict(sorted(found.items()))
+        report.failures = dict(sorted(_whole_episodes(view, found).items()))
         return report
 
     def forward_failures(self, batch: Any, rows: list[int], config: Any = None) -> list[Failure]:
@@ -266,6 +270,21 @@ def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"guard must be one of {MODES}, got {mode!r}")
     return mode
+
+
+def _whole_episodes(view: Any, found: dict[int, list[Failure]]) -> dict[int, list[Failure]]:
+    """A segmented batch's bad row takes its episode's other rows with it: each holds part of the
+    same episode, and a later row's context is an earlier row's turns."""
+    episodes = episodes_of(view)
+    if not episodes:
+        return found
+    out = dict(found)
+    for rows in episodes.values():
+        bad = [row for row in rows if row in found]
+        for row in rows:
+            if bad and row not in out:
+                out[row] = [Failure("segments", row, None, f"another row of its episode ({bad[0]}) fails")]
+    return out
 
 
 def apply(batch: Any, report: GuardReport, mode: str) -> dict[str, float]:

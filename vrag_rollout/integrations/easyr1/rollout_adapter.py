@@ -177,6 +177,7 @@ class RolloutDispatcher:
                 "`python -m vrag_rollout.integrations.easyr1` (or build the config with "
                 "load_ppo_config) so worker.rollout uses EasyR1AgentRolloutConfig"
             )
+        config.require_one_row_per_episode("EasyR1's trainer")
         agent_cls = load_agent_class()
         if kwargs.get("lora_kwargs") and not getattr(agent_cls, "supports_lora", False):
             raise NotImplementedError(

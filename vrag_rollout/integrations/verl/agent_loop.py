@@ -135,8 +135,9 @@ def shared_driver(model_path: str, settings: dict, tokenizer: Any, processor: An
     key = (model_path, json.dumps(settings, sort_keys=True, default=str))
     with _drivers_lock:
         if key not in _drivers:
-            _drivers[key] = ServerDriver(model_path, settings, tokenizer, processor,
-                                         logits_width=checkpoint_width(model_path))
+            driver = ServerDriver(model_path, settings, tokenizer, processor, logits_width=checkpoint_width(model_path))
+            driver.config.require_one_row_per_episode("verl's agent loop")
+            _drivers[key] = driver
         return _drivers[key]
 
 

@@ -21,6 +21,8 @@ Modules:
   tested against `get_rope_index`).
 - `observations`: masked blocks decode to tool results / tool turns ("observations").
 - `groups`: each group is one prompt's samples, not all identical ("grpo").
+- `segments`: a segmented batch's episodes: rows in order, contexts out of the loss and holding
+  the earlier rows' sampled tokens verbatim ("segments").
 - `turns`: each token's turn id against the loss mask's turn starts ("turns", when the batch has them).
 - `forward`: rollout logprobs against a transformers forward pass ("forward", optional).
 - `runner`: `check_batch`, `run_check` and the CLI body `main`.

@@ -132,7 +132,7 @@ def check_row_contract(row: Row, prompts: torch.Tensor, eos_ids: set[int], nativ
         fail(P + bad, "response_mask differs from attention_mask's response part (and is not the loss mask either)")
     used = int(real.sum())
     tokens = row.responses[:used]
-    bad = first_eos_overrun(tokens, row.loss[:used].long(), eos_ids, native, used)
+    bad = first_eos_overrun(tokens, row.sampled[:used].long(), eos_ids, native, used)
     if bad is not None:
         fail(P + bad + 1, f"the response runs past its EOS at position {P + bad}")
     if row.reason in EOS_REASONS and (len(tokens) == 0 or int(tokens[-1]) not in eos_ids):

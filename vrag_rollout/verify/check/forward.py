@@ -9,8 +9,10 @@ recorded in `meta_info["logit_bias"]` or else the documented `BANNED_BIAS` on ev
 special token, over the config's temperature, within its top-k / top-p). It fails when the max
 gap exceeds `tolerance`. Under an action grammar the rollout's logprobs are those of the
 constrained distribution: the gap is reported, not failed, and the one property that holds (a
-constrained logprob is never below the unconstrained one) is checked instead. It returns
-(failures, stats for `Report.forward` or None, notes).
+constrained logprob is never below the unconstrained one) is checked instead. A grammar on the
+first turn only (`first_turn_action_regex` without `action_regex`) constrains the tokens of turn 1
+(`turn_ids`): every later turn is compared and failed as without a grammar (`stats["free_tokens"]`,
+`stats["free_max_gap"]`). It returns (failures, stats for `Report.forward` or None, notes).
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ def check_forward(saved: SavedBatch, oracle: ModelOracle, rows: list[Row], proce
         missing = "the batch has no rollout_log_probs (roll out with calculate_log_probs=True)"
         return [Failure("forward", None, None, missing)], None, []
     grammar = bool(saved.action_grammar)
+    first_turn_only = grammar and _first_turn_grammar_only(saved)
+    turn_ids = t.get("turn_ids") if first_turn_only else None
+    free_gaps: list[torch.Tensor] = []
+    free_worst = (0.0, None, None)
     distribution = _SampledDistribution.of(saved, oracle)
     if distribution.problem:
         return [Failure("forward", None, None, distribution.problem)], None, distribution.notes
@@ -71,6 +77,13 @@ def check_forward(saved: SavedBatch, oracle: ModelOracle, rows: list[Row], proce
         k = int(gap.argmax())
         if float(gap[k]) > worst[0]:
             worst = (float(gap[k]), row.index, row.prompt_len + int(sampled[k]))
+        if turn_ids is not None:  # the turns after the first sampled freely: compared as without a grammar
+            free = turn_ids[row.index, sampled] > 1
+            if bool(free.any()):
+                free_gaps.append(gap[free])
+                j = int(gap.masked_fill(~free, -1.0).argmax())
+                if float(gap[j]) > free_worst[0]:
+                    free_worst = (float(gap[j]), row.index, row.prompt_len + int(sampled[j]))
         if grammar:
             low = first_bad(rollout < forward - tolerance)
             if low is not None:
@@ -91,6 +104,16 @@ def check_forward(saved: SavedBatch, oracle: ModelOracle, rows: list[Row], proce
         "mode": distribution.mode,
     }
     notes, fails = list(distribution.notes), list(below)
+    if turn_ids is not None:
+        free_every = torch.cat(free_gaps) if free_gaps else torch.zeros(0)
+        stats["free_tokens"] = int(free_every.numel())
+        stats["free_max_gap"] = float(free_every.max()) if free_every.numel() else 0.0
+        if stats["free_max_gap"] > tolerance:
+            fails.append(Failure("forward", free_worst[1], free_worst[2], f"a token sampled without the grammar "
+                                 f"(after turn 1) differs from the forward pass by {stats['free_max_gap']:.4g} > "
+                                 f"{tolerance:g}"))
+        notes.append(f"the grammar constrained turn 1 only: {stats['free_tokens']} tokens of later turns compared "
+                     f"(max gap {stats['free_max_gap']:.3g})")
     if grammar:
         notes.append("an action grammar (action_regex) was active: rollout logprobs are those of the "
                      "grammar-constrained distribution and differ from the unconstrained forward pass by design "
@@ -101,6 +124,12 @@ def check_forward(saved: SavedBatch, oracle: ModelOracle, rows: list[Row], proce
         fails.append(Failure("forward", worst[1], worst[2], f"rollout logprob differs from the forward pass by "
                              f"{stats['max_gap']:.4g} > {tolerance:g} (mean {stats['mean_gap']:.3g}){unknown}"))
     return fails, stats, notes
+
+
+def _first_turn_grammar_only(saved: SavedBatch) -> bool:
+    """Whether the batch's config constrained the first turn only (and says so)."""
+    config = saved.config or {}
+    return bool(config.get("first_turn_action_regex")) and not config.get("action_regex") and "turn_ids" in saved.tensors
 
 
 class _SampledDistribution:

@@ -1,11 +1,12 @@
 """The GRPO check ("grpo"): the samples of one prompt are not all identical.
 
-Contract: `check_groups(saved)` groups the samples of one prompt (by the `uid` column, else by
-the config's `n`, else by equal adjacent prompts and `doc_id`) and fails
+Contract: `check_groups(saved)` groups the samples of one prompt (a segmented batch's by
+`episode_id` // n, else by the `uid` column, else by the config's `n`, else by equal adjacent
+prompts and `doc_id`) and fails
 - each sample of a group whose prompt tokens differ from the group's prompt (the one most of its
   samples share; the first sample's on a tie): a sample given another prompt's uid, or an
   n-chunk that is not one prompt's samples, would be scored against the wrong group's mean;
-- each group of two or more whose real response tokens are identical (zero advantage for the
+- each group of two or more episodes whose real response tokens (each episode's last row) are identical (zero advantage for the
   whole group). At temperature 0 this part is skipped with a note (greedy samples are identical
   by design).
 It returns (failures, notes).
@@ -24,13 +25,19 @@ from .report import Failure
 
 def _groups(saved: SavedBatch) -> list[list[int]]:
     size = len(saved)
+    episodes = saved.columns.get("episode_id")
+    n = saved.config.get("n")
+    if episodes is not None and isinstance(n, int) and n >= 1:  # a segmented batch: a prompt's n episodes
+        by_prompt: dict[int, list[int]] = {}
+        for row, episode in enumerate(episodes):
+            by_prompt.setdefault(int(episode) // n, []).append(row)
+        return list(by_prompt.values())
     uids = saved.columns.get("uid")
     if uids is not None:
         groups: dict[Any, list[int]] = {}
         for row, uid in enumerate(uids):
             groups.setdefault(str(uid), []).append(row)
         return list(groups.values())
-    n = saved.config.get("n")
     if isinstance(n, int) and n > 1 and size % n == 0:
         return [list(range(start, start + n)) for start in range(0, size, n)]
     prompts, docs = saved.tensors["prompts"], saved.column("doc_id")
@@ -57,6 +64,15 @@ def _strangers(saved: SavedBatch, group: list[int]) -> list[Failure]:
             for row, prompt in zip(group, prompts) if prompt != shared]
 
 
+def _last_rows(saved: SavedBatch, group: list[int]) -> list[int]:
+    """Each episode's last row (a segmented batch's earlier rows hold part of an episode)."""
+    episodes = saved.columns.get("episode_id")
+    if episodes is None:
+        return group
+    last = {int(episodes[row]): row for row in group}
+    return sorted(last.values())
+
+
 def check_groups(saved: SavedBatch) -> tuple[list[Failure], list[str]]:
     groups = [group for group in _groups(saved) if len(group) > 1]
     fails = [failure for group in groups for failure in _strangers(saved, group)]
@@ -65,6 +81,9 @@ def check_groups(saved: SavedBatch) -> tuple[list[Failure], list[str]]:
         return fails, ["GRPO check skipped: temperature 0 (greedy samples are identical by design)"]
     t = saved.tensors
     for group in groups:
+        group = _last_rows(saved, group)
+        if len(group) < 2:
+            continue
         # masked_select, not boolean indexing: the same values, and ~40x faster on CPU at 8k tokens.
         responses = [torch.masked_select(t["responses"][row], t["attention_mask"][row, t["prompts"].shape[1]:].bool())
                      for row in group]

@@ -81,7 +81,7 @@ def vision_in_loss(row: Row, oracle: ModelOracle) -> list[Failure]:
     """A vision token in the loss mask: sampled by the policy, or trained on."""
     P = row.prompt_len
     vision = torch.isin(row.ids[P:], torch.tensor(sorted(oracle.vision_ids), dtype=row.ids.dtype))
-    flagged = (vision & (row.loss != 0)).nonzero().flatten()  # response positions, in order
+    flagged = (vision & (row.sampled != 0)).nonzero().flatten()  # response positions, in order
     return [Failure("image_tokens", row.index, p, "vision token in the loss mask (sampled or trained on)")
             for p in (flagged + row.prompt_len).tolist()]
 

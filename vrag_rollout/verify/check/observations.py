@@ -43,7 +43,7 @@ def check_native_observations(row: Row, oracle: ModelOracle) -> list[Failure]:
     used = int(row.real.sum())
     # Decoded as tensor slices: the tokenizer converts a tensor with one .tolist(), where a list
     # of ints is type-checked element by element (most of a long response's decoding time).
-    tokens, flags = row.responses[:used], row.loss[:used].long()
+    tokens, flags = row.responses[:used], row.sampled[:used].long()
     header = oracle.generation_header()
     fails: list[Failure] = []
     for value, start, end in _loss_runs(flags, used):
@@ -61,7 +61,7 @@ def check_native_observations(row: Row, oracle: ModelOracle) -> list[Failure]:
 def check_observations(row: Row, oracle: ModelOracle, regions: bool = False) -> list[Failure]:
     s, P = row.index, row.prompt_len
     used = int(row.real.sum())
-    tokens, flags = row.responses[:used], row.loss[:used].long()  # tensors: see check_native_observations
+    tokens, flags = row.responses[:used], row.sampled[:used].long()  # tensors: see check_native_observations
     decode = functools.partial(oracle.tokenizer.decode, skip_special_tokens=False)
     fails: list[Failure] = []
     for value, start, end in _loss_runs(flags, used):

@@ -29,6 +29,7 @@ from .oracle import load_oracle
 from .positions import check_positions
 from .report import CheckInputError, Report
 from .rows import sample_rows
+from .segments import check_segments
 
 
 def _same_family(recorded: str, model_type: str) -> bool:
@@ -101,6 +102,9 @@ def check_batch(saved: SavedBatch, model_dir: str | Path, *, forward: bool = Fal
         report.notes.append(f"mrope positions not compared for samples {skipped_positions}: "
                             "their image tokens are broken")
     fails, notes = check_groups(saved)
+    report.failures += fails
+    report.notes += notes
+    fails, notes = check_segments(saved)
     report.failures += fails
     report.notes += notes
     if forward:

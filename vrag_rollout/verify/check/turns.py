@@ -31,11 +31,11 @@ def check_turns(row: Row, turn_ids: Optional[torch.Tensor]) -> list[Failure]:
     if turn_ids is None:
         return []
     used = int(row.real.sum())
-    expected = expected_turn_ids(row.loss, used)
+    expected = expected_turn_ids(row.sampled, used)
     bad = first_bad(turn_ids.long() != expected)
     if bad is None:
         return []
-    where = "padding" if bad >= used else ("a sampled token" if int(row.loss[bad]) else "an observation token")
+    where = "padding" if bad >= used else ("a sampled token" if int(row.sampled[bad]) else "an observation token")
     return [Failure("turns", row.index, row.prompt_len + bad,
                     f"turn id {int(turn_ids[bad])} on {where}, expected {int(expected[bad])} (turns begin where a "
                     "sampled token follows an observation; 0 on padding)")]

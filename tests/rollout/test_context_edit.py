@@ -1,0 +1,117 @@
+"""Property tests of context edits (pure): whatever the turns, the policy and the form, an edit
+changes no sampled token, keeps the engine and trainer views one image for one image, leaves
+only what the policy keeps, and closes a segment only when it changed something."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.rollout.test_episode_properties import BUILDER, PAD, VE, VS, FakePage, collapse_pad_runs, pad_runs
+from vrag_rollout.core.context_edit import STUB, THUMBNAIL, ContextEditor, ContextPolicy, stub_text
+from vrag_rollout.core.episode import Episode
+
+turns = st.lists(st.tuples(st.lists(st.integers(0, 255), min_size=1, max_size=12),
+                           st.lists(st.integers(1, 40), max_size=3)), min_size=1, max_size=10)
+policies = st.builds(ContextPolicy, keep_turns=st.integers(0, 3), keep_pages=st.integers(0, 4),
+                     form=st.sampled_from([STUB, THUMBNAIL]))
+
+
+def editor(policy: ContextPolicy) -> ContextEditor:
+    return ContextEditor(policy, VS, VE, PAD, encode=BUILDER.encode_text,
+                         thumbnail=lambda page: FakePage(max(1, page.num_tokens // 4)))
+
+
+def sampled_with_turns(ids, mask, turn_ids, end=None):
+    return [(t, turn) for t, m, turn in list(zip(ids, mask, turn_ids))[:end] if m]
+
+
+def run(episode: Episode, edits: ContextEditor, script) -> list:
+    """Each turn: edit (as the driver does before a turn), sample, observe; the segments' checks."""
+    written = []  # every sampled token with its turn, in order
+    for step, (ids, sizes) in enumerate(script):
+        before = (list(episode.response_ids), len(episode.images))
+        closed = edits.edit(episode)
+        if closed:  # the closed row is the row as it stood: what the engine was given
+            segment = episode.segments[-1]
+            assert list(segment.response_ids) == before[0] and len(segment.images) == before[1]
+            # the new row's context holds every sampled token so far, verbatim, with its turn
+            assert episode.context_length == len(episode.response_ids)
+            assert sampled_with_turns(episode.response_ids, episode.loss_mask, episode.turn_ids) == written
+        else:
+            assert episode.response_ids == before[0]  # nothing to change: no segment, no edit
+        episode.append_sampled(ids)
+        written += [(t, episode.turns) for t in ids]
+        pages = [FakePage(n) for n in sizes]
+        observation = BUILDER.pages(pages, [f"doc_{step}{k}" for k in range(len(pages))], episode.remaining,
+                                    episode.image_slots)
+        if observation is None or not episode.append_observation(observation):
+            break
+    return written
+
+
+@settings(max_examples=150, deadline=None)
+@given(turns, policies)
+def test_edits_keep_what_the_policy_wrote_and_the_two_views_in_step(script, policy):
+    episode = Episode(0, [1, 2], [], "doc", response_length=4000, max_images=40)
+    edits = editor(policy)
+    written = run(episode, edits, script)
+    rows = [*episode.segments, episode]
+    # the last row holds the whole episode's sampled tokens
+    assert sampled_with_turns(episode.response_ids, episode.loss_mask, episode.turn_ids) == written
+    for row in rows:
+        lengths = {len(row.response_ids), len(row.loss_mask), len(row.logprobs), len(row.turn_ids)}
+        assert len(lengths) == 1
+        assert [n for n in pad_runs(list(row.response_ids))] == [page.num_tokens for page in row.images]
+        assert len(row.image_page_ids) == len(row.images) == len(row.image_regions)
+    assert collapse_pad_runs(episode.response_ids) == episode.engine_response_ids
+    assert episode.engine_response_ids.count(VS) == len(episode.images)
+    # before the next turn, what stays full-size is what the policy keeps (or a page whose
+    # thumbnail would be the page itself)
+    if not episode.done:
+        edits.edit(episode)
+    shrinks = [form == "full" and not (policy.form == THUMBNAIL and page.num_tokens == 1)
+               for form, page in zip(episode.image_forms, episode.images)]
+    if policy.keep_turns:
+        assert all(turn > episode.turns - policy.keep_turns
+                   for turn, shrink in zip(episode.image_turns, shrinks) if shrink)
+    if policy.keep_pages:
+        assert sum(shrinks[: max(len(shrinks) - policy.keep_pages, 0)]) == 0
+    assert len(episode.segments) == edits.edits
+
+
+@settings(max_examples=60, deadline=None)
+@given(turns)
+def test_without_a_policy_nothing_changes(script):
+    plain, edited = (Episode(0, [1, 2], [], "doc", response_length=4000, max_images=40) for _ in range(2))
+    run(plain, editor(ContextPolicy()), script)
+    assert plain.segments == [] and plain.context_length == 0
+
+
+def test_a_stub_names_the_page_and_the_turn():
+    episode = Episode(0, [1], [], "annual_report", response_length=2000, max_images=10)
+    edits = editor(ContextPolicy(keep_turns=1))
+    for turn in range(3):
+        episode.append_sampled([65 + turn])
+        observation = BUILDER.pages([FakePage(8)], [f"annual_report_{turn + 3}"], episode.remaining, 10)
+        episode.append_observation(observation)
+        edits.edit(episode)
+    text = bytes(t for t in episode.response_ids if t < 256).decode()
+    assert stub_text("annual_report_3", 1) in text and "[annual_report p.3, seen in turn 1]" in text
+    assert "[annual_report p.4, seen in turn 2]" in text
+    assert episode.image_page_ids == ["annual_report_5"]  # the last turn's page stays an image
+    assert len(episode.segments) == 2
+
+
+def test_trainers_of_one_row_per_episode_refuse_a_context_policy():
+    from vrag_rollout.config import AgentRolloutConfig
+
+    config = AgentRolloutConfig(prompt_length=8, response_length=8, context_keep_turns=2)
+    try:
+        config.require_one_row_per_episode("EasyR1's trainer")
+    except ValueError as error:
+        assert "EasyR1's trainer" in str(error) and "vrag-rollout learn" in str(error)
+    else:
+        raise AssertionError("a context policy was accepted by a one-row trainer")
+    AgentRolloutConfig(prompt_length=8, response_length=8, visual_token_budget=500,
+                       search_page_max_pixels=10_000).require_one_row_per_episode("verl's agent loop")
