@@ -2,8 +2,8 @@
 
 In-process tests use one core: tests/conftest.py sets one OpenMP thread per process (its
 subprocesses inherit it; a vLLM engine start leaves the count as it was). Work that is a chain of
-subprocesses (the doc-command test's `make demo`, `make learn`, `check`, ...; the learn loop's two
-12-step runs, in a process with its own engine) can therefore run on the other core beside them.
+subprocesses (the learn loop's 12-step runs, in a process with its own engine) can therefore run
+on the other core beside them.
 A test that needs such work is marked
 ``@pytest.mark.background.with_args(work)`` (``with_args``: the argument is a function), or uses
 a fixture decorated ``@uses(work)``; when the

@@ -72,6 +72,9 @@ SKIPPED_DOCS = {
     "docs/evaluation.md": "its commands need a benchmark's own files, an index of its documents and a "
                           "checkpoint; tests/evaluation/test_evaluate_job.py runs evaluate on questions about the "
                           "sample corpus in two sets' layouts, in both scopes",
+    "docs/context-budget.md": "no commands to run; what it says is what tests/rollout/test_context_segments.py, "
+                              "tests/rollout/test_context_edit.py and tests/training/test_segment_weighting.py "
+                              "check, and its table is scripts/bench_context.py's output",
     "docs/dense-corpus.md": "its one command is a benchmark of several minutes (scripts/bench_dense_corpus.py), "
                             "not a test",
     "docs/encoder-speed.md": "its commands are benchmarks (scripts/bench_encoder.py), not tests; the "

@@ -101,6 +101,11 @@ def _cases(own, down_url, own_server):
                                  str(gone / "e"), "--index", str(own.index)], "no such file"),
         "evaluate-model/wrong-path": (["evaluate", *data, "--model", str(gone), "--out", str(gone / "e"),
                                        "--index", str(own.index)], "not a local model directory"),
+        # evaluate-retriever: the index alone, the same file mistakes
+        "evaluate-retriever/wrong-type": (["evaluate-retriever", "--data", str(notes), "--index", str(own.index),
+                                           "--out", str(gone / "r")], "not a readable parquet file"),
+        "evaluate-retriever/wrong-path": (["evaluate-retriever", "--data", str(gone / "q.parquet"), "--index",
+                                           str(own.index), "--out", str(gone / "r")], "no such file"),
     }
 
 
@@ -113,7 +118,7 @@ CASE_NAMES = ["demo/down", "rollout/down", "learn/down", "learn-data/down", "rec
               "record-fixtures/wrong-path", "check/wrong-path", "view/wrong-path", "convert-dataset/wrong-path",
               "build-tiny-model/wrong-path",
               "evaluate/down", "evaluate/missing-document", "evaluate/wrong-type", "evaluate/wrong-path",
-              "evaluate-model/wrong-path"]
+              "evaluate-model/wrong-path", "evaluate-retriever/wrong-type", "evaluate-retriever/wrong-path"]
 
 
 def _is_usage_line(line: str) -> bool:

@@ -110,6 +110,9 @@ class AgentRolloutConfig:
     context_keep_turns: int = 0
     context_keep_pages: int = 0
     context_edit_form: str = "stub"
+    # Edit only once a limit is passed by more than this many turns (or images), then back down to
+    # it: an episode of T turns makes about (T - keep) / (slack + 1) rows instead of T - keep.
+    context_edit_slack: int = 0
     # The region action (tags format): `<crop>page, [x1, y1, x2, y2]</crop>` (or VRAG-RL's
     # `<bbox>[...]</bbox>`, the last page shown) zooms into a region of a page the episode saw,
     # the box in the model family's grounding frame (core/regions.py); the retriever renders it.
@@ -169,7 +172,7 @@ class AgentRolloutConfig:
             )
         if self.search_page_max_pixels is not None and self.search_page_max_pixels <= 0:
             problems.append(f"search_page_max_pixels must be > 0, got {self.search_page_max_pixels}")
-        for name in ("visual_token_budget", "context_keep_turns", "context_keep_pages"):
+        for name in ("visual_token_budget", "context_keep_turns", "context_keep_pages", "context_edit_slack"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0 (0: off), got {getattr(self, name)}")
         if self.context_edit_form not in CONTEXT_EDIT_FORMS:

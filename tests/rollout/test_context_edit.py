@@ -14,7 +14,7 @@ from vrag_rollout.core.episode import Episode
 turns = st.lists(st.tuples(st.lists(st.integers(0, 255), min_size=1, max_size=12),
                            st.lists(st.integers(1, 40), max_size=3)), min_size=1, max_size=10)
 policies = st.builds(ContextPolicy, keep_turns=st.integers(0, 3), keep_pages=st.integers(0, 4),
-                     form=st.sampled_from([STUB, THUMBNAIL]))
+                     form=st.sampled_from([STUB, THUMBNAIL]), slack=st.integers(0, 2))
 
 
 def editor(policy: ContextPolicy) -> ContextEditor:
@@ -73,10 +73,10 @@ def test_edits_keep_what_the_policy_wrote_and_the_two_views_in_step(script, poli
     shrinks = [form == "full" and not (policy.form == THUMBNAIL and page.num_tokens == 1)
                for form, page in zip(episode.image_forms, episode.images)]
     if policy.keep_turns:
-        assert all(turn > episode.turns - policy.keep_turns
+        assert all(turn > episode.turns - policy.keep_turns - policy.slack
                    for turn, shrink in zip(episode.image_turns, shrinks) if shrink)
     if policy.keep_pages:
-        assert sum(shrinks[: max(len(shrinks) - policy.keep_pages, 0)]) == 0
+        assert sum(shrinks[: max(len(shrinks) - policy.keep_pages - policy.slack, 0)]) == 0
     assert len(episode.segments) == edits.edits
 
 
@@ -115,3 +115,38 @@ def test_trainers_of_one_row_per_episode_refuse_a_context_policy():
         raise AssertionError("a context policy was accepted by a one-row trainer")
     AgentRolloutConfig(prompt_length=8, response_length=8, visual_token_budget=500,
                        search_page_max_pixels=10_000).require_one_row_per_episode("verl's agent loop")
+
+
+def test_the_commands_take_the_context_budget_flags():
+    import pytest
+
+    from vrag_rollout.cli import _context_settings, build_parser
+    from vrag_rollout.devkit.job_checks import JobInputError
+
+    parser = build_parser()
+    for command in (["demo"], ["rollout", "--data", "q.parquet"], ["learn"]):
+        args = parser.parse_args([*command, "--context-keep-turns", "2", "--context-edit-form", "thumbnail",
+                                  "--visual-token-budget", "900", "--search-page-max-pixels", "50000"])
+        assert _context_settings(args) == {"context_keep_turns": 2, "context_edit_form": "thumbnail",
+                                           "visual_token_budget": 900, "search_page_max_pixels": 50000}
+        assert _context_settings(parser.parse_args(command)) == {}  # off unless asked
+    with pytest.raises(JobInputError, match="context_keep_pages must be >= 0"):
+        _context_settings(parser.parse_args(["demo", "--context-keep-pages", "-3"]))
+
+
+def test_a_slack_edits_less_often_and_back_down_to_the_limit():
+    """keep 1 turn with slack 2: nothing is edited until an image is 2 turns past the limit, then
+    every image older than the last turn goes at once: one edit where slack 0 makes four."""
+    rows = {}
+    for slack in (0, 2):
+        episode = Episode(0, [1], [], "doc", response_length=4000, max_images=40)
+        edits = editor(ContextPolicy(keep_turns=1, slack=slack))
+        for turn in range(1, 6):
+            edits.edit(episode)
+            episode.append_sampled([65 + turn])
+            episode.append_observation(BUILDER.pages([FakePage(4)], [f"doc_{turn}"], episode.remaining, 40))
+        edits.edit(episode)
+        rows[slack] = (len(episode.segments) + 1, episode.image_page_ids)
+    # slack 0: an edit before every turn from the third on; slack 2: one, before turn 5, back down
+    # to the last turn's page (doc_4 came after it and is within the slack)
+    assert rows == {0: (5, ["doc_5"]), 2: (2, ["doc_4", "doc_5"])}

@@ -219,6 +219,16 @@ def test_runtime_env_installs_the_hook_and_forwards_the_doc_column():
     assert env["env_vars"]["EXTRA"] == "1"
 
 
+def test_the_per_turn_rewards_switch_reaches_the_ray_workers(monkeypatch):
+    """The trainer's turn estimators read VRAG_TURN_REWARDS in its Ray actor: the runtime_env carries it."""
+    from vrag_rollout.integrations.easyr1.turn_estimators import TURN_REWARDS_ENV
+
+    monkeypatch.setenv(TURN_REWARDS_ENV, "retrieval")
+    assert glue.make_runtime_env()["env_vars"][TURN_REWARDS_ENV] == "retrieval"
+    monkeypatch.delenv(TURN_REWARDS_ENV)
+    assert TURN_REWARDS_ENV not in glue.make_runtime_env()["env_vars"]
+
+
 # ------------------------------------------------------------------------------------------
 # Pure helpers
 # ------------------------------------------------------------------------------------------

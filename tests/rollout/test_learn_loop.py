@@ -90,9 +90,8 @@ def test_segmented_episodes_learn_with_one_advantage_per_episode(runs):
     segmented = runs["segmented"]
     assert segmented["summary"]["gain"] >= MIN_GAIN, segmented["summary"]
     assert len(segmented["segments"]) == STEPS
-    cut = 0
+    cut = 0  # episodes of several rows (a step whose episodes all fetched one page has none)
     for episode_ids, advantages, trained in segmented["segments"]:
-        assert len(episode_ids) > len(set(episode_ids.tolist()))  # some episode had several rows
         for episode in set(episode_ids.tolist()):
             rows = [r for r, e in enumerate(episode_ids) if e == episode]
             cut += len(rows) > 1

@@ -19,4 +19,5 @@ Rule (tests/test_layers.py): imports only `core/` and the package's leaf modules
 - `batch`: episodes (or their segments) assembled into the trainer's tensors and columns.
 - `prompt_images`: the images of a prompt, in the input's spellings.
 - `reward`: answer, format and retrieval scores of finished episodes.
+- `turn_rewards`: each turn's reward (retrieval credited to the turn that showed the page, shaping parts).
 """

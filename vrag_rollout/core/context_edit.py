@@ -1,7 +1,8 @@
 """Context edits between turns, and the segments they cut an episode into (pure).
 
 A `ContextPolicy` decides, before each turn, which images of the episode's current row to
-replace: those shown more than `keep_turns` turns ago, or beyond the last `keep_pages` images.
+replace: those shown more than `keep_turns` turns ago, or beyond the last `keep_pages` images
+(with a `slack`, only once the limit is passed by more than that, then back down to it).
 A replaced image becomes a short text stub naming its page ("[report p.3, seen in turn 2]"; the
 policy can `fetch` it again) or a thumbnail of it.
 
@@ -34,6 +35,9 @@ class ContextPolicy:
     keep_turns: int = 0  # images of the last this many turns stay (0: no turn limit)
     keep_pages: int = 0  # the last this many images stay (0: no count limit)
     form: str = STUB  # what an older image becomes: STUB or THUMBNAIL
+    # Edit only once the limit is passed by more than this many turns (or pages), then back down
+    # to the limit: fewer edits, so fewer rows, for a longer longest row (0: edit every turn).
+    slack: int = 0
 
     @property
     def active(self) -> bool:
@@ -41,13 +45,13 @@ class ContextPolicy:
 
     def images_to_replace(self, image_turns: Sequence[int], forms: Sequence[str], turns_done: int) -> list[int]:
         """Indices (row order) of the images this policy replaces before turn `turns_done + 1`."""
-        count = len(image_turns)
-        old = set()
-        if self.keep_turns:
-            old |= {k for k, turn in enumerate(image_turns) if turn <= turns_done - self.keep_turns}
-        if self.keep_pages:
-            old |= set(range(max(count - self.keep_pages, 0)))
-        return sorted(k for k in old if forms[k] != self.form)
+        live = [k for k in range(len(image_turns)) if forms[k] != self.form]
+        due = set()
+        if self.keep_turns and any(image_turns[k] <= turns_done - self.keep_turns - self.slack for k in live):
+            due |= {k for k in live if image_turns[k] <= turns_done - self.keep_turns}
+        if self.keep_pages and len(live) > self.keep_pages + self.slack:
+            due |= set(live[: len(live) - self.keep_pages])
+        return sorted(due)
 
 
 @dataclass(frozen=True)

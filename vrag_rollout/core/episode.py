@@ -76,6 +76,8 @@ class Episode:
     # Why a "budget" ending: {"turn", "tokens", "remaining", "page_ids"} of the result that did
     # not fit (the tokens its smallest form needed, the tokens left); None otherwise.
     budget_overflow: Optional[dict] = None
+    # When it ended (`time.perf_counter()`, set by the rollout's driver: core reads no clock).
+    ended_at: Optional[float] = None
 
     @property
     def done(self) -> bool:

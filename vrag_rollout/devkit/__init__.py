@@ -9,6 +9,7 @@ offline models of each family.
 - `episode_table`: the one-line-per-sample table the rollout jobs print.
 - `learn_job`: `vrag-rollout learn`: the closed GRPO loop wired to the engine, retriever and tiny model.
 - `learn_task`: the task it learns by default (find the page): questions, ground truths, action grammar.
+- `credit_task`: the task where turn credit matters (`learn --task two-pages`): two gold pages, distractors.
 - `learn_report`: the reward plot and the one-line summary of a run.
 - `learn_checkpoints`: `learn`'s checkpoints (`--save-every`, `--resume`) and its TensorBoard log.
 - `tiny_model`: builds a family's tiny random model offline.

@@ -264,9 +264,11 @@ def add_truths_and_rewards(output: Any, tokenizer: Any, truths: list) -> None:
     from ..protocol import object_array
     from ..core.reward import last_answer
     from ..training.learn import episode_scores, episode_texts
+    from ..training.segments import last_rows, prompt_rows
 
-    n = len(output) // len(truths)
-    output.non_tensor_batch["ground_truth"] = object_array([json.dumps(truths[row // n]) for row in range(len(output))])
+    # a segmented batch (context edits) has several rows an episode, each beside its prompt
+    prompt_of = prompt_rows(output, len(last_rows(output)) // len(truths))
+    output.non_tensor_batch["ground_truth"] = object_array([json.dumps(truths[k]) for k in prompt_of])
     output.non_tensor_batch["reward"] = object_array(episode_scores(output, tokenizer, truths))
     output.non_tensor_batch["answer"] = object_array([last_answer(text) for text in episode_texts(output, tokenizer)])
 

@@ -356,7 +356,8 @@ class _Run:
         overrides = dict(n=p.n, temperature=p.temperature, seed=p.seed, max_turns=p.max_turns,
                          response_length=p.response_length, top_n=p.top_n, action_format=self.action_format,
                          region_action=self.region, prompt_length=default_prompt_length(self.action_format),
-                         action_regex=None, first_turn_action_regex=None, calculate_log_probs=False)
+                         action_regex=None, first_turn_action_regex=None, calculate_log_probs=False,
+                         **p.budget())  # the visual budget and context edits the protocol records
         if grammar:  # a tiny random model: well-formed actions, and small pages for a fast CPU run
             overrides.update(acting_grammar(self.action_format, FREE_QUERY, grammar_max_page(None, index)),
                              **demo_page_band(processor))
@@ -401,9 +402,12 @@ class _Run:
                                done_before=done_before, elapsed=time.monotonic() - started))
 
     def records(self, chosen: list[int], output: Any, processor: Any, config: Any) -> list[dict]:
-        """A rolled-out batch saved with its view, and its questions' records."""
+        """A rolled-out batch saved with its view, and its questions' records: one per episode,
+        read from its last row (under context edits an episode is several rows, each earlier one
+        ended by an edit: `training.segments.last_rows`; its last holds every turn it sampled)."""
         from ..core.reward import last_answer
         from ..training.learn import episode_texts
+        from ..training.segments import last_rows
         from ..verify.saved_batch import save_rollout
         from ..verify.view import write_html
         from .demo import add_truths_and_rewards
@@ -414,11 +418,13 @@ class _Run:
         saved = episodes / f"batch-{number:04d}.pt"
         save_rollout(output, saved, processor=processor, model_path=self.model_dir, config=config)
         view = write_html(saved, saved.with_suffix(".html"))
-        texts = episode_texts(output, processor.tokenizer)
+        finals = last_rows(output)  # each episode's last row (every row without context edits)
+        every = episode_texts(output, processor.tokenizer)
+        texts = [every[row] for row in finals]
         columns = output.non_tensor_batch
-        searches = [int(count) for count in columns["num_searches"]]
-        n = len(output) // len(chosen)
-        rows = [chosen[i // n] for i in range(len(output))]  # each question's n samples, in a run
+        searches = [int(columns["num_searches"][row]) for row in finals]
+        n = len(finals) // len(chosen)
+        rows = [chosen[i // n] for i in range(len(finals))]  # each question's n samples, in a run
         verdicts = [None] * len(rows)
         if self.judge is not None:
             plan = judge_plan([self.infos[k] for k in rows], texts, searches, self.protocol)
@@ -427,10 +433,10 @@ class _Run:
             verdicts = self.judge.batch_verdicts(plan, items)
         costs = episode_costs(output, processor)
         return [question_record(self.question_ids[k], self.infos[k], self.samples[k], self.truths[k], texts[i],
-                                {"turn_page_ids": columns["turn_page_ids"][i],
-                                 "termination_reason": columns["termination_reason"][i],
+                                {"turn_page_ids": columns["turn_page_ids"][finals[i]],
+                                 "termination_reason": columns["termination_reason"][finals[i]],
                                  "num_searches": searches[i], "efficiency": costs[i],
-                                 "episode": {"batch": str(view.relative_to(self.out)), "row": i}},
+                                 "episode": {"batch": str(view.relative_to(self.out)), "row": finals[i]}},
                                 self.protocol, verdicts[i], draw=i % n)
                 for i, k in enumerate(rows)]
 
@@ -448,24 +454,44 @@ class _Run:
 
 
 def episode_costs(output: Any, processor: Any) -> list[dict]:
-    """Each row's cost (`evaluation.efficiency.episode_cost`) from the rolled-out batch: its loss
-    mask, its response's image tokens, its call counters, and its share of the batch's wall time."""
+    """Each episode's cost (`evaluation.efficiency.episode_cost`) from the rolled-out batch, in
+    episode order: its loss mask, its response's image tokens, its call counters (its last row's),
+    and its share of the batch's wall time. An episode cut into rows by context edits counts each
+    row's own part once (the tokens after its `context_length`: its context repeats earlier rows),
+    so its sampled tokens are all it sampled and its visual tokens all it was shown."""
     from ..evaluation.efficiency import episode_cost
+    from ..training.segments import last_rows
 
     tokens, columns = output.batch, output.non_tensor_batch
     width = tokens["responses"].shape[1]
     attention = tokens["attention_mask"][:, -width:].tolist()
     seconds = (output.meta_info.get("metrics") or {}).get("rollout/seconds")
     pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
-    rows = len(attention)
-    zeros = [0] * rows
+    finals = last_rows(output)
+    ids = columns["episode_id"] if "episode_id" in columns else range(len(attention))
+    context = columns["context_length"] if "context_length" in columns else [0] * len(attention)
+    parts: dict[int, list[int]] = {}  # episode -> its rows
+    for row, episode in enumerate(ids):
+        parts.setdefault(int(episode), []).append(row)
+    zeros = [0] * len(attention)
     turns = columns["num_turns"] if "num_turns" in columns else [len(pages) for pages in columns["turn_page_ids"]]
-    return [episode_cost(turns=turns[i], loss_mask=tokens["loss_mask"][i].tolist(),
-                         response_ids=tokens["responses"][i].tolist(), attention=attention[i], image_pad_id=pad,
-                         searches=columns.get("num_searches", zeros)[i], fetches=columns.get("num_fetches", zeros)[i],
-                         crops=columns.get("num_crops", zeros)[i],
-                         seconds=None if seconds is None else seconds / rows)
-            for i in range(rows)]
+
+    def own(values: list, row: int) -> list:  # the row's own part: after its context
+        return values[int(context[row]):]
+
+    own_seconds = columns.get("episode_seconds")  # each episode's own latency, where the rollout timed it
+    costs = []
+    for last in finals:
+        rows = parts[int(ids[last])]
+        costs.append(episode_cost(
+            turns=turns[last], loss_mask=[m for r in rows for m in own(tokens["loss_mask"][r].tolist(), r)],
+            response_ids=[t for r in rows for t in own(tokens["responses"][r].tolist(), r)],
+            attention=[a for r in rows for a in own(attention[r], r)], image_pad_id=pad,
+            searches=columns.get("num_searches", zeros)[last], fetches=columns.get("num_fetches", zeros)[last],
+            crops=columns.get("num_crops", zeros)[last],
+            seconds=float(own_seconds[last]) if own_seconds is not None else
+            None if seconds is None else seconds / len(finals)))
+    return costs
 
 
 def _fingerprint(model_dir: Any) -> str:

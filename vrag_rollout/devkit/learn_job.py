@@ -116,10 +116,13 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
               data: Optional[Path] = None, index: Optional[Path] = None, evaluate: bool = True,
               progress: bool = True, retriever_preflight: str = "fail", guard: str = "drop",
               grammar: Optional[bool] = None, save_every: int = 0, resume: bool = False,
+              estimator: Optional[str] = None, turn_rewards: Optional[str] = None, task: str = "page",
               context: Optional[dict] = None) -> dict:
     """Run the loop and write its outputs (module docstring); returns {"records", "summary",
     "hf_model", "llm", "agent", "model_dir", "processor", "final_dir", "eval_path", "report",
-    "questions", "truths"}. `context`: the
+    "questions", "truths"}. `estimator` (grpo|turn|gigpo) or `turn_rewards` (off|retrieval|on)
+    given: turn-level credit (`training/turn_credit.py`), its metrics in each line; `task`
+    "two-pages": the credit task (`credit_task.py`) instead of find-the-page. `context`: the
     rollout's visual budgets and context policy (`AgentRolloutConfig` fields such as
     `context_keep_pages`; README "Context budget"): an edited episode trains as several rows,
     weighed as one (`training/segments.py`)."""
@@ -137,6 +140,7 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
     from ..rollout.agent import vLLMRolloutAgent
     from ..training.grpo import response_log_probs
     from ..training.learn import episode_scores, learn, no_signal, reward_summary
+    from ..training.turn_credit import Credit
     from ..verify.drift import batch_drift
     from ..verify.guard import LiveGuard, guarded
     from .demo import cache_dir, demo_config, demo_model, demo_page_band, demo_prompts, prepare_index
@@ -158,10 +162,15 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
 
             retriever_url = stack.enter_context(serve_in_thread(Path(index) if index else prepare_index(cache_dir())))
         samples, truths, counts = learn_questions(data, batch_size, action_format)
+        if task != "page":  # the credit task (credit_task.py): its questions and its grammar
+            from .credit_task import credit_questions, credit_regex
+
+            samples, truths = credit_questions(batch_size)
         config = demo_config(n=n, max_turns=max_turns, response_length=response_length, temperature=temperature,
                              seed=seed, calculate_log_probs=True, action_format=action_format,
-                             **learn_grammar(data, samples, counts, index, action_format,
-                                             acts=(model is None) if grammar is None else grammar),
+                             **(learn_grammar(data, samples, counts, index, action_format,
+                                              acts=(model is None) if grammar is None else grammar)
+                                if task == "page" else {"action_regex": credit_regex(action_format)}),
                              retriever_url=retriever_url or "http://127.0.0.1:8002", retriever_fixtures=fixtures,
                              retriever_preflight=retriever_preflight, **demo_page_band(processor), **(context or {}))
         agent = vLLMRolloutAgent(str(model_dir), config, tokenizer, processor, inference_engine=llm,
@@ -223,6 +232,8 @@ def run_learn(out_dir: Path, *, steps: int = DEFAULTS["steps"], batch_size: int 
             hf_model=hf_model, optimizer=optimizer,
             processor=processor, n=n, temperature=temperature, steps=steps, out_dir=out_dir, on_step=on_step,
             drift=learn_drift, start_step=start_step,
+            credit=None if estimator is None and turn_rewards is None else Credit(
+                estimator or "grpo", turn_rewards or "off", tokenizer, truths),
         )
         records = earlier + records
         bar.close()

@@ -101,9 +101,10 @@ def run_rollout(out: Path, *, data: Path, index: Optional[Path] = None, retrieve
                 temperature: float = 1.0, seed: int = 0, action_format: Optional[str] = None,
                 region_action: Optional[bool] = None, grammar: Optional[bool] = None,
                 prompt_length: Optional[int] = None, retriever_preflight: str = "fail", llm: Any = None,
-                offset: int = 0) -> dict:
+                offset: int = 0, context: Optional[dict] = None) -> dict:
     """The job (module docstring); `llm` is an already running engine of the same model (tests
-    share one). Returns `finish_demo`'s dict."""
+    share one); `context`: the visual budgets and context policy (rollout config fields). Returns
+    `finish_demo`'s dict."""
     from ..data.prompts import build_prompts
     from .demo import FREE_QUERY, acting_grammar, add_truths_and_rewards, demo_config, demo_model, demo_page_band, \
         finish_demo, in_corpus_scope
@@ -142,6 +143,7 @@ def run_rollout(out: Path, *, data: Path, index: Optional[Path] = None, retrieve
         overrides.update(acting_grammar(fmt, FREE_QUERY, grammar_max_page(page_counts, index), in_corpus_scope(samples)))
     if model is None:  # small pages keep a tiny model's CPU run fast; a checkpoint gets the defaults
         overrides.update(demo_page_band(processor))
+    overrides.update(context or {})
     with ExitStack() as stack:
         if index is not None and fixtures is None:
             from retriever_server.api.testing import serve_in_thread

@@ -6,8 +6,9 @@ Contract: `episode_cost(...)` counts one episode's cost from its batch row:
 - `sampled_tokens`: the tokens the policy sampled (the row's loss mask: observations excluded);
 - `visual_tokens`: the image tokens of the pages shown to it (`<|image_pad|>` in its response);
 - `retriever_calls`: searches, fetches and crops it made (answered or not);
-- `seconds`: its share of its batch's rollout wall time (the batch's `rollout/seconds` over the
-  batch's rows): episodes of a batch run together, so one episode's own latency is not measured.
+- `seconds`: its own latency, from its rollout call's start to the turn that ended it (the
+  batch's `episode_seconds`: episodes of a batch run together, so the slowest sets the batch's
+  time); for a batch without that column, its share of the batch's `rollout/seconds`.
 
 `summarize(costs)` gives, per field, the `mean` and the `p90` (nearest rank: the smallest value
 with at least 90 % of the values at or below it) over the episodes that have the field.

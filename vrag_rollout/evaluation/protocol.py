@@ -24,6 +24,14 @@ refuses to mix two protocols in one file.
   (`evaluation.search_rule`): True (every set), False (none), or None: as each set's protocol,
   on for the sets VRAG-RL scores (`SEARCH_REQUIRED_SETS`: ViDoSeek), off for the others
   (their papers score the answer alone). `requires_search(set_name)` resolves it.
+- `search_page_max_pixels`, `visual_token_budget`, `context_keep_turns`, `context_keep_pages`,
+  `context_edit_form`: the visual budget the agent ran under (the rollout config's fields of the
+  same names, README "Context budget"): search results as thumbnails of at most that many pixels
+  (None: the page band), visual tokens an episode may be shown in all (0: no limit), and the
+  context edits between turns (images older than the last `context_keep_turns` turns, or beyond
+  the last `context_keep_pages` images, become a text stub or a thumbnail; 0 and 0: no edit). A
+  budget changes what the policy sees, so it changes scores; under context edits an episode is
+  several rows, and it is scored once, from its last row.
 - `name`, `overrides`: the named protocol the switches came from (`evaluation.protocols`: vrag-rl,
   document, own; None: switches given one by one) and, per switch set apart from it, the named
   protocol's own value ({"max_turns": 4}: the run changed max_turns from 4).
@@ -38,6 +46,9 @@ SCOPES = ("corpus", "document")
 CAPPED = ("wrong", "exclude")
 UNANSWERABLE = ("score", "exclude")
 SEARCH_REQUIRED_SETS = ("vidoseek",)  # scored under VRAG-RL's protocol
+CONTEXT_EDIT_FORMS = ("stub", "thumbnail")  # config.CONTEXT_EDIT_FORMS, restated: evaluation/ imports only core/
+BUDGET_FIELDS = ("search_page_max_pixels", "visual_token_budget", "context_keep_turns", "context_keep_pages",
+                 "context_edit_form", "context_edit_slack")  # the rollout config's fields of these names
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,12 @@ class Protocol:
     seed: int = 0
     judge: Optional[dict] = None  # {"model": path, "prompt_version": ...}
     search_required: Optional[bool] = None
+    search_page_max_pixels: Optional[int] = None
+    visual_token_budget: int = 0
+    context_keep_turns: int = 0
+    context_keep_pages: int = 0
+    context_edit_form: str = "stub"
+    context_edit_slack: int = 0
     name: Optional[str] = None
     overrides: Optional[dict] = field(default=None)
 
@@ -73,9 +90,23 @@ class Protocol:
                              "give a temperature above 0 for pass@k")
         if self.search_required is not None and not isinstance(self.search_required, bool):
             raise ValueError(f"search_required must be true, false or none, got {self.search_required!r}")
+        pixels = self.search_page_max_pixels
+        if pixels is not None and (isinstance(pixels, bool) or not isinstance(pixels, int) or pixels < 1):
+            raise ValueError(f"search_page_max_pixels must be an integer >= 1 or none, got {pixels!r}")
+        for name in ("visual_token_budget", "context_keep_turns", "context_keep_pages", "context_edit_slack"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0 (0: off), got {value!r}")
+        if self.context_edit_form not in CONTEXT_EDIT_FORMS:
+            raise ValueError(f"context_edit_form must be one of {', '.join(CONTEXT_EDIT_FORMS)}, "
+                             f"got {self.context_edit_form!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def budget(self) -> dict:
+        """The rollout config's budget and context-edit fields, as this protocol sets them."""
+        return {name: getattr(self, name) for name in BUDGET_FIELDS}
 
     def requires_search(self, set_name: str) -> bool:
         """Whether an answer to a question of `set_name` needs a search to score (VRAG-RL's rule)."""

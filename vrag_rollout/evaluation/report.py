@@ -206,6 +206,7 @@ def _protocol(header: dict) -> list[str]:
     judge = protocol.pop("judge", None)
     name, overrides = protocol.pop("name", None), protocol.pop("overrides", None) or {}
     lines = [f"- `name`: {name}: {ABOUT.get(name, '')}" if name else "- `name`: none (each switch given)"]
+    _spell_budget(protocol)
     for key, value in overrides.items():
         protocol[key] = f"{protocol[key]} (overrides {name}'s {value})"
     if protocol.get("scope") is None:
@@ -228,6 +229,23 @@ def _protocol(header: dict) -> list[str]:
     else:
         lines += [f"- `judge`: none{' (the ' + name + ' protocol judges ViDoSeek with a model: --judge DIR)' if name in JUDGED else ''}"]
     return lines
+
+
+def _spell_budget(protocol: dict) -> None:
+    """The visual budget's switches (`Protocol.budget`) with what their values mean, in place; a
+    header from before they existed has none of them, and gets none."""
+    if protocol.get("search_page_max_pixels", 0) is None:
+        protocol["search_page_max_pixels"] = "none (search results at the page band)"
+    if protocol.get("visual_token_budget") == 0:
+        protocol["visual_token_budget"] = "0 (no limit)"
+    turns, pages = protocol.get("context_keep_turns"), protocol.get("context_keep_pages")
+    if turns == 0 and pages == 0:
+        protocol["context_keep_turns"] = "0 (no context edit)"
+        protocol["context_keep_pages"] = "0 (no context edit)"
+    elif turns is not None or pages is not None:  # edits on: each episode scored once, from its last row
+        form = protocol.get("context_edit_form")
+        protocol["context_edit_form"] = (f"{form} (older images become {'text stubs' if form == 'stub' else 'thumbnails'};"
+                                         " an episode is several rows, scored from its last)")
 
 
 def markdown(report: dict, views: Sequence[str] = ()) -> str:

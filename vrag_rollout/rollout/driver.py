@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Any, Optional
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 
@@ -114,6 +115,13 @@ class EpisodeDriver:
             self.sampling.banned.extend(self.format.banned_token_ids)
 
     @property
+    def shrinks_pages(self) -> bool:
+        """Whether pages may be shown below the page band (thumbnails, a visual-token budget)."""
+        config = self.config
+        return bool(config.search_page_max_pixels or config.visual_token_budget
+                    or (config.edits_context and config.context_edit_form == "thumbnail"))
+
+    @property
     def max_turns(self) -> int:
         return self.config.max_turns if self.format is not None else 1
 
@@ -128,7 +136,7 @@ class EpisodeDriver:
         first (which may close a segment: `core.context_edit`)."""
         if self.context_editor is not None and not episode.done:
             self.context_editor.edit(episode)
-        return step.ready(episode)
+        return _stamped(episode, step.ready(episode))
 
     def request(self, episode: Episode, turn: int) -> tuple:
         seed = request_seed(self.sampling.seed, self.call_number, episode.index, turn, self.dp_rank)
@@ -138,9 +146,12 @@ class EpisodeDriver:
         """Append the sampled tokens and settle the action; returns it when it needs the retriever."""
         last_turn = turn == self.max_turns - 1
         if self.format is None:
-            return step.after_generation(episode, output, last_turn=last_turn, fetch_modes=self.config.fetch_modes,
-                                         observations=self.observations)
-        return self.format.after_generation(episode, output, last_turn=last_turn, observations=self.observations)
+            action = step.after_generation(episode, output, last_turn=last_turn, fetch_modes=self.config.fetch_modes,
+                                           observations=self.observations)
+        else:
+            action = self.format.after_generation(episode, output, last_turn=last_turn, observations=self.observations)
+        _stamped(episode)
+        return action
 
     # ---- tools ----
     def execute_tools(self, calls: list) -> list:
@@ -197,6 +208,7 @@ class EpisodeDriver:
             episode.bad_requests += int(result.bad_request)
             episode.undecodable_pages += result.decode_errors
             step.observe(episode, result.observation, result.overflow)
+            _stamped(episode)
 
     def _need_tools(self) -> None:
         if self.format is None:  # no stop strings: tool calls cannot occur
@@ -269,7 +281,8 @@ class EpisodeDriver:
         if config.edits_context:
             thumbnails = self.observer.search_band or lowered_band(band, band.max_pixels // 4, floor_pixels) or band
             self.context_editor = ContextEditor(
-                ContextPolicy(config.context_keep_turns, config.context_keep_pages, config.context_edit_form),
+                ContextPolicy(config.context_keep_turns, config.context_keep_pages, config.context_edit_form,
+                              config.context_edit_slack),
                 self.vision_tokens.vision_start, self.vision_tokens.vision_end, self.vision_tokens.image_pad,
                 encode=self.observations.encode_text,
                 thumbnail=lambda page: self._thumbnail(page, thumbnails))
@@ -371,6 +384,9 @@ class EpisodeDriver:
         )
         entries = prompt_entries(prompts.non_tensor_batch.get("multi_modal_data"), len(prompts.batch["input_ids"]))
         non_tensors = episode_columns(rows, [entries[int(k)] for k in prompt_of], spec)
+        # each episode's own latency: from the call's start to the turn that ended it
+        non_tensors["episode_seconds"] = np.array(
+            [max(0.0, (row.episode.ended_at or time.perf_counter()) - clock.started) for row in rows], dtype=np.float64)
         if self.format is not None:  # the document each sample searched, beside its episode
             key = self.config.doc_id_key
             non_tensors[key] = object_array([prompts.non_tensor_batch[key][int(k)] for k in prompt_of])
@@ -399,8 +415,18 @@ class EpisodeDriver:
             # What the sampled distribution had applied, for checkers that recompute it.
             meta["logit_bias"] = {int(token): BANNED_LOGIT_BIAS for token in self.sampling.banned}
         if self.format is not None:  # the pixel band pages were resized into in this call
-            meta["page_pixel_band"] = (self.observer.band.min_pixels, self.observer.band.max_pixels)
+            band, lowest = self.observer.band, self.observer.band.min_pixels
+            if self.shrinks_pages:  # thumbnails and budgets go down to the smallest page the trainer keeps
+                lowest = min(lowest, max(self.observer.floor_pixels, band.factor ** 2))
+            meta["page_pixel_band"] = (lowest, band.max_pixels)
         return meta
+
+
+def _stamped(episode: Episode, result: Any = None) -> Any:
+    """Note when `episode` ended (the first time it is seen done); returns `result`."""
+    if episode.done and episode.ended_at is None:
+        episode.ended_at = time.perf_counter()
+    return result
 
 
 def _dp_rank(config: AgentRolloutConfig) -> int:

@@ -160,13 +160,26 @@ def grammar_forced(batch: Any) -> Optional[torch.Tensor]:
     return (rollout_log_probs == 0) & batch.batch["loss_mask"].bool()
 
 
+def estimator_advantages(batch: Any, rewards: Any, n: int, mask_key: str = "loss_mask", estimator: str = "grpo",
+                         turn_rewards: Optional[list] = None) -> torch.Tensor:
+    """(B, R): `grpo_advantages` for "grpo" (of each row's summed `turn_rewards` when given: with
+    per-turn rewards off, exactly `rewards`), else `training/turn_credit.credit_advantages`."""
+    if estimator == "grpo":
+        return grpo_advantages(batch, rewards if turn_rewards is None else [sum(row) for row in turn_rewards], n, mask_key)
+    from .turn_credit import credit_advantages
+
+    return credit_advantages(estimator, batch, rewards, n, mask_key, turn_rewards)
+
+
 def grpo_loss(hf_model: Any, processor: Any, batch: Any, rewards: Any, n: int, temperature: float,
               config: Any, mask_key: str = "loss_mask",
-              old_log_prob: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
-    """(loss, log_prob, advantages, verl's metrics) over `batch.batch[mask_key]`."""
+              old_log_prob: Optional[torch.Tensor] = None, estimator: str = "grpo",
+              turn_rewards: Optional[list] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """(loss, log_prob, advantages, verl's metrics) over `batch.batch[mask_key]`; `estimator` and
+    `turn_rewards` (per row, per turn) other than the defaults go to `training/turn_credit.py`."""
     log_prob = response_log_probs(hf_model, processor, batch, temperature)
     old = log_prob.detach() if old_log_prob is None else old_log_prob
-    advantages = grpo_advantages(batch, rewards, n, mask_key).to(log_prob.device)
+    advantages = estimator_advantages(batch, rewards, n, mask_key, estimator, turn_rewards).to(log_prob.device)
     loss, metrics = episode_policy_loss(log_prob, old, advantages, batch, config, mask_key)
     return loss, log_prob, advantages, metrics
 
@@ -191,14 +204,16 @@ def kl_to_reference(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, mask: to
 
 def grpo_step(hf_model: Any, optimizer: Any, processor: Any, batch: Any, rewards: Any, n: int,
               temperature: float, config: Any = None, ref_log_prob: Optional[torch.Tensor] = None,
-              on_log_prob: Optional[Callable[[torch.Tensor], None]] = None) -> dict:
+              on_log_prob: Optional[Callable[[torch.Tensor], None]] = None, estimator: str = "grpo",
+              turn_rewards: Optional[list] = None) -> dict:
     """One GRPO update; returns {"loss", "advantage_std", "grad_norm", *verl's pg metrics} and, given
     the reference model's `response_log_probs`, "kl_to_reference" of the policy that sampled.
     `on_log_prob` receives the policy's (B, R) log-probs of the batch before the update (detached):
     the old log-probs a trainer compares with the rollout's."""
     config = actor_config(n) if config is None else config
     optimizer.zero_grad()
-    loss, log_prob, advantages, metrics = grpo_loss(hf_model, processor, batch, rewards, n, temperature, config)
+    loss, log_prob, advantages, metrics = grpo_loss(hf_model, processor, batch, rewards, n, temperature, config,
+                                                    estimator=estimator, turn_rewards=turn_rewards)
     if on_log_prob is not None:
         on_log_prob(log_prob.detach())
     if ref_log_prob is not None:

@@ -55,6 +55,7 @@ STEP_FIELDS = ("step", "reward_mean", *(f"reward_{part}" for part in PARTS), "ad
                "logprob_gap_max", "policy_movement", "kl_to_initial", "turns_mean", "pages_shown_mean",
                "seconds_rollout", "seconds_update", "seconds_sync", "guard_checked", "guard_bad", "guard_dropped",
                "drift_max", "drift_worst_turn")
+CREDIT_FIELDS = ("estimator", "reward/turn/", "advantage/turn/")  # with `credit`: the estimator, per-turn metrics
 GUARD_FILE = "guard.jsonl"
 GAP_TOLERANCE = 1e-3  # the engine's SYNC_TOLERANCE (engine/weights.py), restated: training/ may not import engine/
 # An update must move the probe's logprobs this many tolerances for the post-sync check to mean
@@ -143,9 +144,10 @@ def guard_fields(batch: Any) -> dict:
 def check_record(record: dict, gap_tolerance: float = GAP_TOLERANCE) -> None:
     """Raise `LearnError` on a line with the wrong fields, a non-finite value, a gap over tolerance,
     or an update (one with a gradient) that moved the policy too little for the gap to prove a sync."""
-    if tuple(record) != STEP_FIELDS:
-        raise LearnError(f"metrics line has fields {tuple(record)}, expected {STEP_FIELDS}")
-    bad = [key for key, value in record.items() if not math.isfinite(value)]
+    extra = tuple(record)[len(STEP_FIELDS):]
+    if tuple(record)[:len(STEP_FIELDS)] != STEP_FIELDS or not all(key.startswith(CREDIT_FIELDS) for key in extra):
+        raise LearnError(f"metrics line has fields {tuple(record)}, expected {STEP_FIELDS} (+ {CREDIT_FIELDS}...)")
+    bad = [key for key, value in record.items() if key != "estimator" and not math.isfinite(value)]
     if bad:
         raise LearnError(f"step {record['step']}: non-finite {bad}: {record}")
     if not record["logprob_gap_max"] <= gap_tolerance:
@@ -202,10 +204,13 @@ def learn(prompts: Any, *, rollout: Callable[[Any], Any], sync: Callable[[Any], 
           reward: Callable[[Any], Sequence[Mapping[str, float]]], reference: Callable[[Any], Any], hf_model: Any,
           optimizer: Any, processor: Any, n: int, temperature: float, steps: int, out_dir: Path, config: Any = None,
           gap_tolerance: float = GAP_TOLERANCE, on_step: Optional[Callable[[dict], None]] = None,
-          drift: Optional[Callable[[Any, Any], Mapping[str, Any]]] = None, start_step: int = 1) -> list[dict]:
+          drift: Optional[Callable[[Any, Any], Mapping[str, Any]]] = None, start_step: int = 1,
+          credit: Any = None) -> list[dict]:
     """Run the loop (module docstring); returns the metrics lines written. `start_step` > 1
     continues a run (its weights and optimizer restored by the caller): steps `start_step` to
-    `steps` are run and appended to the files, whose lines of later steps are dropped first."""
+    `steps` are run and appended to the files, whose lines of later steps are dropped first.
+    `credit` (`training/turn_credit.Credit`): the advantage estimator and per-turn rewards; its
+    metrics (`CREDIT_FIELDS`) follow `STEP_FIELDS` in each line. None: GRPO on the episode reward."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if not 1 <= start_step <= steps:
@@ -230,8 +235,11 @@ def learn(prompts: Any, *, rollout: Callable[[Any], Any], sync: Callable[[Any], 
             # eval mode, as the engine computes (no dropout): old log-probs = the current model's
             step_drift: dict = {}
             on_log_prob = None if drift is None else (lambda log_prob: step_drift.update(drift(batch, log_prob)))
+            turns = None if credit is None else credit.turn_rewards(batch, scores)
             update = grpo_step(hf_model, optimizer, processor, batch, [s["overall"] for s in scores], n, temperature,
-                               config, ref_log_prob=reference(batch), on_log_prob=on_log_prob)
+                               config, ref_log_prob=reference(batch), on_log_prob=on_log_prob,
+                               **({} if credit is None else {"estimator": credit.estimator,
+                                                             "turn_rewards": [t.total for t in turns]}))
             updated = time.perf_counter()
             movement = float(probe(hf_model))  # what a sync that did nothing would leave
             sync(hf_model)
@@ -240,6 +248,8 @@ def learn(prompts: Any, *, rollout: Callable[[Any], Any], sync: Callable[[Any], 
             # an episode counts once, by its last row (a segmented batch has several rows an episode)
             record = step_record(step, [scores[row] for row in last_rows(batch)], update, gap, movement, batch,
                                  (rolled - started, updated - rolled, synced - updated), step_drift)
+            if credit is not None:
+                record.update(credit.metrics(batch, turns, n))
             metrics_file.write(json.dumps(record) + "\n")
             metrics_file.flush()
             guard_file.write(json.dumps({"step": step, **(batch.meta_info.get("guard") or {}), **step_drift}) + "\n")
@@ -265,5 +275,5 @@ def keep_steps_before(path: Path, step: int) -> None:
         Path(path).write_text("".join(json.dumps(line) + "\n" for line in steps_before(path, step)), encoding="utf-8")
 
 
-__all__ = ["GAP_TOLERANCE", "GUARD_FILE", "MOVEMENT_FACTOR", "LearnError", "no_signal", "METRICS_FILE", "STEP_FIELDS", "check_record", "episode_scores",
+__all__ = ["CREDIT_FIELDS", "GAP_TOLERANCE", "GUARD_FILE", "MOVEMENT_FACTOR", "LearnError", "no_signal", "METRICS_FILE", "STEP_FIELDS", "check_record", "episode_scores",
            "episode_texts", "keep_steps_before", "learn", "pages_shown_mean", "steps_before", "reward_summary", "step_record", "turns_mean"]

@@ -55,10 +55,10 @@ from .check.runner import observation_layout
 from .check.turns import check_turns
 from .emptying import empty_samples, rollout_positions
 from .image_entries import entry_image
-from .saved_batch import SavedBatch, _config_dict, _pixel_band
+from .saved_batch import SHRINKING_KEYS, SavedBatch, _config_dict, _pixel_band
 
 # The columns the checks read (the images are read in place, never encoded).
-_COLUMNS = ("uid", "termination_reason", "doc_id")
+_COLUMNS = ("uid", "termination_reason", "doc_id", "episode_id", "segment_index", "context_length")
 
 
 @dataclass
@@ -230,7 +230,7 @@ def _in_memory_view(batch: Any, images: list[list], processor: Any, config: Any)
     meta = dict(batch.meta_info or {})
     config_dict = {key: value for key, value in _config_dict(config).items()
                    if key in ("action_format", "region_action", "n", "temperature", "page_min_pixels",
-                              "page_max_pixels", "response_length")}
+                              "page_max_pixels", "response_length", *SHRINKING_KEYS)}
     recorded = columns_in.get("rollout_meta")  # verl's agent loop keeps its settings per sample
     if recorded is not None and len(recorded) and isinstance(recorded[0], Mapping):
         for key in ("action_format", "region_action", "temperature"):

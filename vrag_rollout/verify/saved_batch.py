@@ -32,7 +32,8 @@ reading the format are one contract, kept side by side under this specification.
 - `action_grammar`: True when an `action_regex` constrained sampling (rollout logprobs are then
   those of the constrained distribution), False when not, None when unknown.
 - `pixel_band`: the page band (`page_min_pixels`, `page_max_pixels` from the config, else from
-  `meta_info["page_pixel_band"]`, a (min, max) pair), the trainer's image band
+  `meta_info["page_pixel_band"]`, a (min, max) pair; its minimum from `page_pixel_band` when the
+  config shows pages below the band on purpose: `SHRINKING_KEYS`), the trainer's image band
   (`trainer_min_pixels`, `trainer_max_pixels`, from meta_info) and the processor's geometry
   (`patch_size`, `merge_size`, `temporal_patch_size`, `processor_min_pixels`,
   `processor_max_pixels`); absent values are None.
@@ -326,10 +327,10 @@ def _encode_multi_modal(column: Any, size: int) -> tuple[list[list[bytes]], str]
 
 def _plain(value: Any) -> Any:
     """A value made of str/int/float/bool/None/bytes/list/dict only; TypeError otherwise."""
+    if isinstance(value, np.generic):  # first: numpy's float64 is a float, and would pickle as numpy's
+        return value.item()
     if value is None or isinstance(value, (str, bool, int, float, bytes)):
         return value
-    if isinstance(value, np.generic):
-        return value.item()
     if isinstance(value, np.ndarray):
         return [_plain(v) for v in value.tolist()] if value.dtype != object else [_plain(v) for v in value]
     if isinstance(value, torch.Tensor) and value.numel() == 1:
@@ -392,12 +393,24 @@ def _int_or_none(value: Any) -> Optional[int]:
     return None if value is None else int(value)
 
 
+# Rollout settings that show pages below the configured page band on purpose (search thumbnails,
+# a visual-token budget, thumbnail context edits): the band's lower bound is then the smallest
+# page the rollout may show, which it records in meta_info["page_pixel_band"].
+SHRINKING_KEYS = ("search_page_max_pixels", "visual_token_budget", "context_edit_form")
+
+
+def _shrinks_pages(config: Mapping[str, Any]) -> bool:
+    return bool(config.get("search_page_max_pixels") or config.get("visual_token_budget")
+                or config.get("context_edit_form") == "thumbnail")
+
+
 def _pixel_band(processor: Any, config: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Optional[int]]:
     ip = getattr(processor, "image_processor", None) or processor
     size = getattr(ip, "size", None)
     used = meta.get("page_pixel_band") or (None, None)  # the band the rollout resolved, when it says
+    low = used[0] if _shrinks_pages(config) else config.get("page_min_pixels") or used[0]
     return {
-        "page_min_pixels": _int_or_none(config.get("page_min_pixels") or used[0]),
+        "page_min_pixels": _int_or_none(low),
         "page_max_pixels": _int_or_none(config.get("page_max_pixels") or used[1]),
         "trainer_min_pixels": _int_or_none(meta.get("min_pixels")),
         "trainer_max_pixels": _int_or_none(meta.get("max_pixels")),

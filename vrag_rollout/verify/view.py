@@ -23,6 +23,14 @@ leads with the episodes (its first screen shows them, not the batch's numbers):
   turns/searches/fetches, and a bar of the response budget: sampled, observation and unused
   tokens.
 
+A segmented batch (context edits: an `episode_id` column, rows of one episode adjacent) shows each
+episode cut into rows as one `<div class="segmented" id="episode-E">`: a line per row (turns so
+far, its context's length, its visual tokens, its ending) with what the edit before it changed,
+read from the tokens alone (`segment_changes`: each image of the earlier row that the later row's
+context holds as a text stub or as a thumbnail, old and new side by side; a context that differs
+otherwise is flagged), then its rows side by side, each row's context (out of its loss) dimmed
+before a "this row's own turns" mark. A batch without that column renders as before.
+
 Rewards are shown when the batch carries them, never computed: `verify/` does not import the
 reward (`core.reward`) it would display. `truths` ({question: ground truth}, see
 `episode_facts.load_truths`) supplies ground truths a batch lacks, matched by question: a file
@@ -37,9 +45,11 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 import sys
 import textwrap
 from collections import Counter
+from dataclasses import dataclass
 from gettext import ngettext
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -98,6 +108,17 @@ def _decoder(saved: SavedBatch, model_dir: Optional[str]) -> tuple[Callable[[lis
     return (lambda ids: "".join(texts.get(token, f"<{token}>") for token in ids)), names
 
 
+def _split_at(runs: list[tuple[int, int, int]], cut: int) -> list[tuple[int, int, int]]:
+    """`runs` with the one that spans `cut` split there (a segment row's context ends at `cut`)."""
+    out = []
+    for value, start, end in runs:
+        if start < cut < end:
+            out += [(value, start, cut), (value, cut, end)]
+        else:
+            out.append((value, start, end))
+    return out
+
+
 def _runs(flags: list[int]) -> list[tuple[int, int, int]]:
     """(value, start, end) runs of a 0/1 list."""
     out, start = [], 0
@@ -124,6 +145,13 @@ class _Episode:
         self.response_ids = t["responses"][row, : self.used].tolist()
         loss = t["loss_mask"] if "loss_mask" in t else t["response_mask"]
         self.loss = [int(x) for x in loss[row, : self.used].tolist()]
+        # A segment row (context edits): its first `context` response tokens are the edited
+        # context, out of its loss; `sampled_mask` still tells the policy's tokens there apart.
+        self.context = int(saved.column("context_length", 0)[row] or 0)
+        sampled = t["sampled_mask"] if "sampled_mask" in t else None
+        self.sampled = self.loss if sampled is None else [int(x) for x in sampled[row, : self.used].tolist()]
+        self.segment: Optional[tuple[int, int, int]] = None  # (episode id, index, rows): `_episodes`
+        self.captions: dict[int, str] = {}  # image number -> its page id as rendered (`segment_changes`)
         self.images = saved.images[row]
         self.next_image = 0
         self.prompt_images = sum(1 for a, b in zip(self.prompt_ids, self.prompt_ids[1:])
@@ -135,13 +163,21 @@ class _Episode:
         self.reason = saved.column("termination_reason")[row]
         self.doc_id = saved.column("doc_id")[row]
         self.page_ids = saved.column("page_ids", [])[row] or []
-        self.runs = _runs(self.loss)
+        self.runs = _split_at(_runs(self.sampled), self.context)
         self.sampled_texts = [decode(self.response_ids[start:end]) for value, start, end in self.runs if value]
         self.answer = facts.policy_answer("".join(self.sampled_texts))
         vision_ids = set(vision.values())
         self.question = facts.question(decode([tok for tok in self.prompt_ids if tok not in vision_ids]))
         self.truth = facts.ground_truth(saved, row, truths, self.question)
         self.reward = facts.reward(saved, row)
+
+    def segment_note(self) -> str:
+        """" · episode E, row k of N" for a row of an episode cut by context edits, else ""."""
+        if self.segment is None or self.segment[2] < 2:
+            return ""
+        episode, index, count = self.segment
+        return (f' <span class="seg-note">· <a href="#episode-{episode}">episode {episode}</a>, '
+                f'row {index + 1} of {count}</span>')
 
     def _gold(self, page_id: str) -> bool:
         return facts.is_gold(page_id, self.truth, self.doc_id)
@@ -190,7 +226,7 @@ class _Episode:
         """The episode's row in the table the page opens on."""
         note = self.end_note(brief=True)
         end = html.escape(str(self.reason)) + (f'<div class="note">{html.escape(note)}</div>' if note else "")
-        cells = [f'<td><a href="#ep-{self.row}">{self.row}</a></td>',
+        cells = [f'<td><a href="#ep-{self.row}">{self.row}</a>{self.segment_note()}</td>',
                  f'<td class="question">{html.escape(self.question)}</td>',
                  f'<td class="answer">{html.escape(self.answer if self.answer is not None else "-")}</td>']
         if with_truth:
@@ -214,6 +250,7 @@ class _Episode:
             return self._crop(k, page_id, tokens, [float(v) for v in region], gold)
         if j >= 0 and page_id:
             self.shown_pages[page_id] = k
+        self.captions[k] = page_id
         label = html.escape(f"image {k}: {page_id + ' · ' if page_id else ''}{'gold page · ' if gold else ''}"
                             f"{_count(tokens, 'token')}")
         return (f'<figure class="page{" gold" if gold else ""}"><img class="thumb" id="img-{self.row}-{k}" '
@@ -266,9 +303,13 @@ class _Episode:
         parts, observation = [], 0
         for value, start, end in self.runs:
             ids = self.response_ids[start:end]
+            if self.context and start == self.context:
+                parts.append('<span class="ctx-end" title="the row\'s own turns (in its loss) begin here">'
+                             'this row\'s own turns</span>')
+            context = ' ctx" title="context: out of this row\'s loss' if start < self.context else ""
             if value:
                 text = self._text_with_images(ids, [])
-                parts.append(f'<span class="sampled" data-pos="{self.P + start}">{text}</span>')
+                parts.append(f'<span class="sampled{context}" data-pos="{self.P + start}">{text}</span>')
                 continue
             pages = self.page_ids[observation] if observation < len(self.page_ids) else []
             observation += 1
@@ -278,7 +319,7 @@ class _Episode:
             # the next page not shown as text ("page <id>:")
             shown_as_text = self.decode(ids)
             captions = [str(p) for p in pages if f"page {p}:" not in shown_as_text]
-            parts.append(f'<span class="obs" data-pos="{self.P + start}">{tag}'
+            parts.append(f'<span class="obs{context}" data-pos="{self.P + start}">{tag}'
                          f'{self._text_with_images(ids, captions)}</span>')
         if self.next_image < len(self.images):  # a broken batch: show what no image tokens point at
             extra = "".join(self._image("no image tokens", 0) for _ in range(len(self.images) - self.next_image))
@@ -287,15 +328,19 @@ class _Episode:
 
     def _budget_bar(self) -> str:
         sampled = sum(self.loss)
-        observed = self.used - sampled
+        observed = self.used - sampled - self.context
         unused = self.R - self.used
+        # a segment row's context (its edited earlier turns, out of its loss) comes first
+        shares = ((("b-ctx", "context", self.context),) if self.context else ()) + (
+            ("b-sampled", "sampled", sampled), ("b-obs", "observation", observed), ("b-unused", "unused", unused))
         bar = "".join(
             f'<span class="{cls}" style="width:{100 * count / max(self.R, 1):.3f}%" title="{label}: {count}"></span>'
-            for cls, label, count in (("b-sampled", "sampled", sampled), ("b-obs", "observation", observed),
-                                      ("b-unused", "unused", unused))
+            for cls, label, count in shares
         )
+        context = f'<span class="k b-ctx"></span>context {self.context} ' if self.context else ""
         return (f'<div class="budget"><div class="bar" role="img" aria-label="response budget">{bar}</div>'
-                f'<div class="legend"><span class="k b-sampled"></span>sampled {sampled} <span class="k b-obs"></span>'
+                f'<div class="legend">{context}<span class="k b-sampled"></span>sampled {sampled} '
+                f'<span class="k b-obs"></span>'
                 f'observation {observed} <span class="k b-unused"></span>unused {unused} of {self.R}</div></div>')
 
     def _head(self) -> str:
@@ -307,6 +352,10 @@ class _Episode:
             lines.append(f'<p class="truth"><b>ground truth</b> {self.truth_html()}</p>')
         if self.reward is not None:
             lines.append(f'<p class="reward"><b>reward</b> {self.reward_html()}</p>')
+            per_turn = turn_rewards_html(self.saved.column("turn_page_ids", None)[self.row], self.reward, self.truth,
+                                         self.doc_id)
+            if per_turn:
+                lines.append(f'<p class="reward turns"><b>per turn</b> {per_turn}</p>')
         elif self.truth is not None:
             lines.append('<p class="reward"><b>reward</b> not in the batch</p>')
         note = self.end_note()
@@ -327,7 +376,7 @@ class _Episode:
         facts_html += f' <span class="fact"><b>pages</b> {self.pages_html()}</span>'
         return (
             f'<section class="episode" id="ep-{row}" data-reason="{html.escape(str(self.reason))}">'
-            f'<h2>episode {row}</h2>{self._head()}<div class="facts">{facts_html}</div>{self._budget_bar()}'
+            f'<h2>{"row" if self.segment_note() else "episode"} {row}{self.segment_note()}</h2>{self._head()}<div class="facts">{facts_html}</div>{self._budget_bar()}'
             f'<details class="prompt"><summary>prompt ({_count(len(self.prompt_ids), "token")}, '
             f'{_count(self.prompt_images, "image")})'
             '</summary>'
@@ -385,6 +434,20 @@ img.crop-source{display:block;max-height:96px;max-width:120px;background:#fff;cu
 .crop-note{font-size:.7em;color:#8a4b00;vertical-align:top;margin-left:4px}
 """
 
+# Only on segmented batches (context edits), so other pages render as before.
+_SEGMENT_CSS = """
+.segmented{border:2px solid #8a6ad6;border-radius:8px;padding:.6em;margin:1em 0;background:#f6f3fc}
+.seg-rows{display:flex;gap:.8em;overflow-x:auto;align-items:flex-start}
+.seg-rows>section.episode{flex:0 0 46em;max-width:46em;margin:.4em 0}
+.seg-note{font-size:.8em;font-weight:normal;color:#6a4bb6}
+.seg-changes{margin:.2em 0 .4em;font-size:.88em}.seg-change.other{color:#b00020}
+img.was,img.now{max-height:48px;max-width:60px;border:1px solid #888;vertical-align:middle;cursor:zoom-in}
+code.stub{background:#fff4d6}
+.ctx{opacity:.55}.ctx-end{display:inline-block;font-family:system-ui,sans-serif;font-size:.72em;background:#8a6ad6;
+  color:#fff;padding:0 4px;margin:0 4px;border-radius:3px}
+.b-ctx{background:#b9a7e6}
+"""
+
 _JS = """
 function enlarge(img){
   var o=document.getElementById('overlay');o.firstElementChild.src=img.src;o.style.display='flex';
@@ -407,6 +470,33 @@ function filterReason(v){  // the episode table's rows and the sections alike
   if(i){var el=document.getElementById('img-'+i[1]+'-'+i[2]);if(el){enlarge(el);}}
 })();
 """
+
+
+RETRIEVAL_WEIGHT = 0.1  # core.reward.RewardWeights().retrieval, restated: verify/ imports only verify/
+
+
+def turn_rewards_html(turn_page_ids: Any, reward: Optional[dict], truth: Any, doc_id: Any = None) -> str:
+    """Each turn's reward, the episode's split as `learn --turn-rewards retrieval` splits it (the
+    default weights): each distinct page's NDCG term x the retrieval weight to the turn that first
+    showed it, the rest of the reward on the last turn; computed here from the pages and the gold
+    pages (not by `core.turn_rewards`), so they sum to the episode's reward. "" without the turns'
+    pages, the reward's retrieval part or a ground truth."""
+    import math
+
+    if turn_page_ids is None or truth is None or not reward or "retrieval" not in reward or not len(turn_page_ids):
+        return ""
+    gold = len(truth.gold_pages)
+    ideal = sum(1.0 / math.log2(rank + 2) for rank in range(gold))
+    values, seen = [0.0] * len(turn_page_ids), []
+    for turn, pages in enumerate(turn_page_ids):
+        for page in pages or ():
+            if str(page) in seen:
+                continue
+            seen.append(str(page))
+            if ideal and facts.is_gold(str(page), truth, doc_id):
+                values[turn] += RETRIEVAL_WEIGHT / math.log2(len(seen) + 1) / ideal
+    values[-1] += reward["overall"] - RETRIEVAL_WEIGHT * reward["retrieval"]
+    return " · ".join(f"turn {turn} {value:.2f}" for turn, value in enumerate(values, start=1))
 
 
 def _index(episodes: list[_Episode]) -> str:
@@ -448,11 +538,143 @@ def render(saved: SavedBatch, model_dir: Optional[str] = None, title: str = "rol
 
 def _episodes(saved: SavedBatch, model_dir: Optional[str], truths: Optional[dict]) -> list[_Episode]:
     decode, vision = _decoder(saved, model_dir)
-    return [_Episode(saved, row, decode, vision, truths) for row in range(len(saved))]
+    episodes = [_Episode(saved, row, decode, vision, truths) for row in range(len(saved))]
+    for rows in _segment_groups(saved).values():
+        for index, row in enumerate(rows):
+            episodes[row].segment = (int(saved.columns["episode_id"][row]), index, len(rows))
+    return episodes
+
+
+# ---- segmented batches (context edits): an episode's rows, grouped, with what each edit changed ----
+
+STUB_TEXT = re.compile(r"\[[^\[\]]*, seen in turn \d+\]")  # core.context_edit.stub_text, restated
+
+
+def _segment_groups(saved: SavedBatch) -> dict[int, list[int]]:
+    """episode id -> its rows in batch order, in order of first row; {} without an `episode_id` column."""
+    ids = saved.columns.get("episode_id")
+    groups: dict[int, list[int]] = {}
+    for row, episode in enumerate(ids if ids is not None else ()):
+        groups.setdefault(int(episode), []).append(row)
+    return groups
+
+
+@dataclass
+class SegmentChange:
+    """One image of a row that the next row's context shows otherwise."""
+
+    kind: str  # "stub", "thumbnail", or "other" (the context differs there in another way: see `check`)
+    image: int  # its number in the earlier row (prompt images first)
+    page_id: str  # as that row's view captions it
+    tokens: int  # its image tokens in the earlier row
+    new_tokens: int = 0  # the thumbnail's image tokens, or the stub's tokens
+    new_image: Optional[int] = None  # the thumbnail's number in the later row
+    text: str = ""  # the stub's text
+
+
+def segment_changes(before: "_Episode", after: "_Episode") -> list[SegmentChange]:
+    """What the edit between two consecutive rows of an episode changed: `before`'s whole response
+    walked beside `after`'s context (the tokens before its own turns). Sampled text and unchanged
+    observation text are equal token for token; an image block is kept (same size), became a
+    thumbnail (another size) or a text stub; anything else ends the walk with one "other" change
+    (a broken edit: `check` names it)."""
+    start, pad, end = (before.vision[name] for name in (VISION_START, IMAGE_PAD, VISION_END))
+    old, new = before.response_ids, after.response_ids[: after.context]
+    old_image, new_image = before.prompt_images, after.prompt_images
+    changes: list[SegmentChange] = []
+
+    def block(ids: list[int], i: int) -> int:  # end of the image block starting at i (past its vision_end)
+        j = i + 1
+        while j < len(ids) and ids[j] == pad:
+            j += 1
+        return j + 1 if j < len(ids) and ids[j] == end else j
+
+    i = j = 0
+    while i < len(old) and j < len(new):
+        if old[i] == start:
+            i_end = block(old, i)
+            tokens = i_end - i - 2
+            page = before.captions.get(old_image, "")
+            if new[j] == start:
+                j_end = block(new, j)
+                if j_end - j != i_end - i:
+                    changes.append(SegmentChange("thumbnail", old_image, page, tokens, j_end - j - 2, new_image))
+                new_image += 1
+            else:
+                j_end = next((k for k in range(j + 1, len(new) + 1) if STUB_TEXT.fullmatch(after.decode(new[j:k]))),
+                             None)
+                if j_end is None:
+                    return changes + [SegmentChange("other", old_image, page, tokens)]
+                changes.append(SegmentChange("stub", old_image, page, tokens, j_end - j, None,
+                                             after.decode(new[j:j_end])))
+            old_image += 1
+            i, j = i_end, j_end
+        elif old[i] == new[j]:
+            i, j = i + 1, j + 1
+        else:
+            return changes + [SegmentChange("other", old_image, "", 0)]
+    if i < len(old) or j < len(new):  # one ran out first: the context is not the earlier row, edited
+        changes.append(SegmentChange("other", old_image, "", 0))
+    return changes
+
+
+def _changes_html(before: "_Episode", after: "_Episode") -> str:
+    """One list item per change: the earlier image, an arrow, what the later row's context holds."""
+    items = []
+    for change in segment_changes(before, after):
+        if change.kind == "other":
+            items.append('<li class="seg-change other">the context differs from the previous row in another way '
+                         "(not an image made a stub or a thumbnail): see <code>vrag-rollout check</code></li>")
+            continue
+        was = html.escape(f"image {change.image}: {change.page_id} · {_count(change.tokens, 'token')}")
+        old = (f'<img class="was" alt="{was}" title="{was}" src="{data_uri(before.images[change.image])}" '
+               'onclick="enlarge(this)">' if change.image < len(before.images) else "")
+        if change.kind == "stub":
+            now = f'stub <code class="stub">{html.escape(change.text)}</code> ({_count(change.new_tokens, "token")})'
+        else:
+            label = html.escape(f"image {change.new_image} of row {after.row}: thumbnail, "
+                                f"{_count(change.new_tokens, 'token')}")
+            now = (f'<img class="now" alt="{label}" title="{label}" src="{data_uri(after.images[change.new_image])}" '
+                   f'onclick="enlarge(this)"> thumbnail, {_count(change.new_tokens, "token")}'
+                   if change.new_image is not None and change.new_image < len(after.images) else label)
+        items.append(f'<li class="seg-change {change.kind}">{old} {was} &rarr; {now}</li>')
+    if not items:
+        items.append('<li class="seg-change none">no image changed</li>')
+    return "".join(items)
+
+
+def _visual_tokens(ep: "_Episode") -> int:
+    return sum(1 for token in ep.prompt_ids + ep.response_ids if token == ep.vision[IMAGE_PAD])
+
+
+def _segment_group(episode: int, rows: list["_Episode"], sections: list[str]) -> str:
+    """An episode cut by context edits: a line per row (its turns, context, visual tokens) and what
+    each edit changed, then its rows side by side."""
+    lines = []
+    for k, ep in enumerate(rows):
+        turns = int(ep.saved.column("num_turns", 0)[ep.row] or 0)
+        head = (f'<a href="#ep-{ep.row}">row {ep.row}</a>: {_count(turns, "turn")} so far, context '
+                f'{_count(ep.context, "token")} (out of its loss), {_visual_tokens(ep)} visual tokens, '
+                f'ends {html.escape(str(ep.reason))}')
+        changed = "" if k == 0 else f'<ul class="seg-changes">{_changes_html(rows[k - 1], ep)}</ul>'
+        edit = "" if k == 0 else f" · edit before it, from row {rows[k - 1].row}:"
+        lines.append(f"<li>{head}{edit}{changed}</li>")
+    return (f'<div class="segmented" id="episode-{episode}"><h2>episode {episode}: {_count(len(rows), "row")} '
+            f'(context edits)</h2><ol class="seg-rows-list">{"".join(lines)}</ol>'
+            f'<div class="seg-rows">{"".join(sections)}</div></div>')
 
 
 def _page(saved: SavedBatch, episodes: list[_Episode], title: str) -> str:
     sections = [ep.render() for ep in episodes]  # first: rendering counts each episode's crops
+    groups = _segment_groups(saved)
+    if groups:  # a segmented batch: an episode's rows (adjacent) grouped, side by side
+        grouped = []
+        for episode, rows in groups.items():
+            if len(rows) == 1:
+                grouped.append(sections[rows[0]])
+            else:
+                grouped.append(_segment_group(episode, [episodes[r] for r in rows], [sections[r] for r in rows]))
+        sections = grouped
     reasons = Counter(str(r) for r in saved.column("termination_reason"))
     options = '<option value="all">all</option>' + "".join(
         f'<option value="{html.escape(r)}">{html.escape(r)} ({c})</option>' for r, c in sorted(reasons.items())
@@ -460,6 +682,7 @@ def _page(saved: SavedBatch, episodes: list[_Episode], title: str) -> str:
     return (
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>{html.escape(title)}</title><style>{_CSS}{_CROP_CSS if any(ep.crops for ep in episodes) else ''}"
+        f"{_SEGMENT_CSS if groups else ''}"
         "</style></head><body>"
         f"<header><h1>{html.escape(title)}</h1><p class=\"lead\">{_count(len(saved), 'episode')} · "
         f"{html.escape(saved.model_family or 'model family unknown')} · <label>termination reason "

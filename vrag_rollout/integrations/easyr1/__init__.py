@@ -18,6 +18,8 @@ the driver does not reach them. One module per job:
     reward function the pages shown, puts the score on the last sampled token, returns the
     agent's metrics;
   - `estimators`: REINFORCE++ returns that skip observation tokens;
+  - `turn_estimators`: the turn-level estimators `vrag_turn`, `vrag_gigpo` (EasyR1's enum extended,
+    `compute_advantage` handing them the batch's turn columns, their metrics in the step's);
   - `prompt_tools`: `RLHFDataset` renders the prompts of tool_call runs with the tool schemas;
 * `hooks`: installing the patches now or on first import (`install_agent_rollout`,
   `worker_setup_hook`);

@@ -29,6 +29,8 @@ SUPPORTED_ESTIMATORS = {
     "rloo": "outcome score times the mask, as grpo",
     "reinforce_plus_plus": "returns skip observation tokens (the integration's estimator patch)",
     "remax": "baseline rollout output stripped to what the trainer pops (the adapter)",
+    "vrag_turn": "turn-level reward-to-go, leave-one-out baseline (turn_estimators.py)",
+    "vrag_gigpo": "GiGPO step groups by pages seen, nested in the episode groups (turn_estimators.py)",
 }
 REFUSED_ESTIMATORS = {
     "gae": (

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from .common import lock
 from .detect import require_easyr1
+from . import turn_estimators
 from .estimators import patch_core_algos
 from .generation_pop import patch_protocol
 from .prompt_tools import patch_dataset
@@ -95,12 +96,13 @@ def install_agent_rollout(*, rollout: bool = True, multi_modal_cache: bool = Tru
         targets["verl.protocol"] = patch_protocol
     if reward_view:
         targets["verl.workers.reward.function"] = patch_reward
-    if estimators:
-        targets["verl.trainer.core_algos"] = patch_core_algos
+    if estimators:  # and the turn-level estimators (turn_estimators.py)
+        targets["verl.trainer.core_algos"] = lambda m: {**patch_core_algos(m), **turn_estimators.patch_core_algos(m)}
     if prompt_tools:
         targets["verl.utils.dataset"] = patch_dataset
-    if guard_metrics:
-        targets["verl.trainer.ray_trainer"] = patch_trainer_metrics
+    if guard_metrics or estimators:
+        targets["verl.trainer.ray_trainer"] = lambda m: {**(patch_trainer_metrics(m) if guard_metrics else {}),
+                                                         **(turn_estimators.patch_ray_trainer(m) if estimators else {})}
     done: dict = {}
     deferred = {}
     with lock:

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from ...formats import format_named
 from .common import AGENT_CLASS_ENV, GENERATION_KEYS_ENV, PROMPT_TOOLS_ENV, SETUP_HOOK
+from .turn_estimators import TURN_REWARDS_ENV
 
 # Environment EasyR1's own `main()` gives its Ray job (same intent, our own list).
 DEFAULT_RAY_ENV_VARS = {
@@ -38,8 +39,9 @@ def make_runtime_env(ppo_config: Any = None, env_vars: Optional[dict] = None) ->
                                                    "region_action": bool(getattr(rollout, "region_action", False))})
     # The prompt-tools setting follows the config when there is one: never inherited, so a tags
     # run started after a tool_call run in the same process gets no tool schemas.
-    inherited = (AGENT_CLASS_ENV, GENERATION_KEYS_ENV) if ppo_config is not None else (
-        AGENT_CLASS_ENV, GENERATION_KEYS_ENV, PROMPT_TOOLS_ENV)
+    # (the per-turn rewards' switch too: the trainer's estimator reads it in its Ray actor)
+    inherited = (AGENT_CLASS_ENV, GENERATION_KEYS_ENV, TURN_REWARDS_ENV) if ppo_config is not None else (
+        AGENT_CLASS_ENV, GENERATION_KEYS_ENV, PROMPT_TOOLS_ENV, TURN_REWARDS_ENV)
     for name in inherited:
         if name in os.environ and name not in merged:
             merged[name] = os.environ[name]

@@ -11,6 +11,8 @@
   workers and puts the `guard/` counts and per-turn drift into the trainer's metrics.
 - `pages`: `PagedAgentLoopWorker`, whose trajectories share each page's image-processor outputs
   (the processor runs once per distinct page); the guard's worker is one.
+- `turn_estimators`: `vrag_turn` and `vrag_gigpo` in verl's advantage-estimator registry
+  (`algorithm.adv_estimator`), with the batch's turn columns through `compute_advantage`.
 - `peer_tools`: verl `BaseTool`s `search` and `fetch` over the project's retriever, for running
   verl's own `tool_agent` loop side by side with `vrag_agent` (scripts/bench_verl.py).
 """

@@ -203,6 +203,7 @@ def _with_guard_counts(compute_data_metrics: Any) -> Any:
 
     wrapped.vrag_guard = True
     wrapped.__wrapped__ = compute_data_metrics
+    wrapped.rewrap = _with_guard_counts  # what wraps another inner function the same way (turn_estimators)
     return wrapped
 
 
@@ -225,6 +226,9 @@ def install_trainer_metrics() -> None:
         ray_trainer.compute_data_metrics = _with_guard_counts(ray_trainer.compute_data_metrics)
     if not getattr(debug_metrics.calculate_debug_metrics, "vrag_guard", False):
         debug_metrics.calculate_debug_metrics = _with_drift(debug_metrics.calculate_debug_metrics)
+    from .turn_estimators import patch_compute_advantage
+
+    patch_compute_advantage()  # the turn-level estimators (vrag_turn, vrag_gigpo) get the batch's columns
 
 
 __all__ = ["GuardedAgentLoopManager", "GuardedAgentLoopWorker", "MANAGER_CLASS", "attach_turn_ids",
