@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from .devkit.context_flags import CONTEXT_BUDGET, context_budget_flags, context_settings
 from .devkit.learn_job import DEFAULTS as LEARN_DEFAULTS
 from .devkit.tiny_model import SHAPES as TINY_SHAPES
 from .families import FAMILY_NAMES
@@ -27,40 +28,6 @@ PREFLIGHT_HELP = ("before the engine starts, check that the retriever answers an
 
 def _retriever_preflight(command: argparse.ArgumentParser) -> None:
     command.add_argument("--retriever-preflight", choices=("fail", "warn", "off"), default="fail", help=PREFLIGHT_HELP)
-
-
-def _context_budget(command: argparse.ArgumentParser) -> None:
-    """The visual budgets and the context policy (README "Context budget"): rollout config fields."""
-    group = command.add_argument_group("context budget (README \"Context budget\"; default: off)")
-    group.add_argument("--search-page-max-pixels", type=int, default=None,
-                       help="search results as thumbnails of at most this many pixels; fetched pages keep the band")
-    group.add_argument("--visual-token-budget", type=int, default=None,
-                       help="visual tokens an episode may be shown in all; later pages get a lower band as it is spent")
-    group.add_argument("--context-keep-turns", type=int, default=None,
-                       help="context edits: images older than the last N turns become stubs or thumbnails (each "
-                            "edit starts a new training row)")
-    group.add_argument("--context-keep-pages", type=int, default=None,
-                       help="context edits: images beyond the last N become stubs or thumbnails")
-    group.add_argument("--context-edit-form", choices=("stub", "thumbnail"), default=None,
-                       help="what an edited image becomes (default: stub)")
-    group.add_argument("--context-edit-slack", type=int, default=None,
-                       help="edit only once a limit is passed by more than N turns or pages, then back to it: "
-                            "fewer rows, longer rows (default: 0, edit every turn)")
-
-
-def _context_settings(args: argparse.Namespace) -> dict:
-    """The context-budget flags given, as rollout config fields; a bad value is one line."""
-    from .config import AgentRolloutConfig
-    from .devkit.job_checks import JobInputError
-
-    names = ("search_page_max_pixels", "visual_token_budget", "context_keep_turns", "context_keep_pages",
-             "context_edit_form", "context_edit_slack")
-    given = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
-    try:
-        AgentRolloutConfig(prompt_length=1, response_length=1, **given)
-    except ValueError as error:
-        raise JobInputError(str(error).replace("invalid rollout config: ", "")) from None
-    return given
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--region-action", action="store_true",
                       help="let episodes look closer at a region of the last page shown (<bbox>, the crop tool)")
     _retriever_preflight(demo)
-    _context_budget(demo)
+    context_budget_flags(demo)
 
     rollout = subcommand(
         "rollout", help="run the agent on your own questions (a convert-dataset parquet) against your index or "
@@ -131,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="confine every turn to a well-formed action (the first searches or fetches); what "
                               "makes a tiny random model act (default: on without --model, off with it)")
     _retriever_preflight(rollout)
-    _context_budget(rollout)
+    context_budget_flags(rollout)
 
     evaluate = subcommand(
         "evaluate", help="score a checkpoint (or a tiny model) on a converted benchmark the way its paper does: "
@@ -179,21 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="VRAG-RL's rule that an answer given without any search scores 0: as each set is "
                                "published (on for ViDoSeek), on for every set, or off (default: the protocol's; "
                                "own: set, vrag-rl: on, document: off)")
-    evaluate.add_argument("--search-page-max-pixels", type=int, default=None,
-                          help="search results as thumbnails of at most this many pixels a page (default: none, the "
-                               "page band); fetched pages keep the full band")
-    evaluate.add_argument("--visual-token-budget", type=int, default=None,
-                          help="visual tokens an episode may be shown in all; later pages get a lower band as it is "
-                               "spent (default: 0, no limit)")
-    evaluate.add_argument("--context-keep-turns", type=int, default=None,
-                          help="context edits: images older than the last N turns become a stub or a thumbnail "
-                               "(default: 0, none; an episode is then several rows, scored from its last)")
-    evaluate.add_argument("--context-keep-pages", type=int, default=None,
-                          help="context edits: images beyond the last N become a stub or a thumbnail (default: 0)")
-    evaluate.add_argument("--context-edit-form", choices=["stub", "thumbnail"], default=None,
-                          help="what an edited-out image becomes (default: stub, a text naming the page)")
-    evaluate.add_argument("--context-edit-slack", type=int, default=None,
-                          help="context edits only once a limit is passed by more than N turns or pages (default: 0)")
+    context_budget_flags(evaluate)  # the protocol's budget: recorded in its header (default: off)
     evaluate.add_argument("--batch-size", type=int, default=8, help="questions rolled out together")
     evaluate.add_argument("--limit", type=int, default=None, help="only the file's first LIMIT questions")
     evaluate.add_argument("--n", type=int, default=None,
@@ -269,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the live guard on every batch (README, 'The live guard'): stop the run, drop bad samples "
                             "from the loss, only report them, or skip the checks")
     _retriever_preflight(learn)
-    _context_budget(learn)
+    context_budget_flags(learn)
 
     record = subcommand(
         "record-fixtures", help="record every retriever call the demo (or, with --data, a converted dataset) can "
@@ -436,7 +389,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                     temperature=args.temperature, seed=args.seed, action_format=args.action_format,
                     region_action=args.region_action, grammar=args.grammar, prompt_length=args.prompt_length,
                     retriever_preflight=args.retriever_preflight, offset=args.offset,
-                    context=_context_settings(args))
+                    context=context_settings(args))
         return 0
     if args.command == "learn":
         return _learn(args, parser)
@@ -514,7 +467,7 @@ def _demo(args: argparse.Namespace) -> int:
              retriever_url=args.retriever_url, fixtures=args.fixtures, n=args.n, max_turns=args.max_turns,
              response_length=args.response_length, seed=args.seed, rollout_mode=args.rollout_mode,
              action_format=args.action_format, region_action=args.region_action,
-             retriever_preflight=args.retriever_preflight, **_context_settings(args))
+             retriever_preflight=args.retriever_preflight, **context_settings(args))
     return 0
 
 
@@ -537,18 +490,12 @@ def _evaluate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             raise JobInputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.temperature is not None and args.temperature < 0:
         raise JobInputError(f"--temperature must be at least 0, got {args.temperature}")
-    for name in ("visual_token_budget", "context_keep_turns", "context_keep_pages", "context_edit_slack"):
-        if getattr(args, name) is not None and getattr(args, name) < 0:
-            raise JobInputError(f"--{name.replace('_', '-')} must be at least 0 (0: off), got {getattr(args, name)}")
-    if args.search_page_max_pixels is not None and args.search_page_max_pixels < 1:
-        raise JobInputError(f"--search-page-max-pixels must be at least 1, got {args.search_page_max_pixels}")
+    context_settings(args)
     if (args.n or 1) > 1 and not args.temperature:
         raise JobInputError(f"--n {args.n} at --temperature 0 draws the same answer {args.n} times: give a "
                             "--temperature above 0 for pass@k")
     given = {name: getattr(args, name) for name in ("scope", "max_turns", "capped", "unanswerable", "response_length",
-                                                    "top_n", "n", "temperature", "seed", "search_page_max_pixels",
-                                                    "visual_token_budget", "context_keep_turns", "context_keep_pages",
-                                                    "context_edit_form", "context_edit_slack")}
+                                                    "top_n", "n", "temperature", "seed", *CONTEXT_BUDGET)}
     if args.search_required is not None:
         given["search_required"] = {"set": None, "on": True, "off": False}[args.search_required]
     protocol = named(args.protocol, {name: value for name, value in given.items() if value is not None
@@ -588,7 +535,7 @@ def _learn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
               retriever_url=args.retriever_url, fixtures=args.fixtures, action_format=args.action_format,
               retriever_preflight=args.retriever_preflight, guard=args.guard, grammar=args.grammar,
               save_every=args.save_every, resume=args.resume, estimator=args.estimator,
-              turn_rewards=args.turn_rewards, task=args.task, context=_context_settings(args), **sources)
+              turn_rewards=args.turn_rewards, task=args.task, context=context_settings(args), **sources)
     return 0
 
 

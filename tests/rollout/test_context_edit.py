@@ -120,18 +120,21 @@ def test_trainers_of_one_row_per_episode_refuse_a_context_policy():
 def test_the_commands_take_the_context_budget_flags():
     import pytest
 
-    from vrag_rollout.cli import _context_settings, build_parser
+    from vrag_rollout.cli import build_parser
+    from vrag_rollout.devkit.context_flags import context_settings
     from vrag_rollout.devkit.job_checks import JobInputError
 
     parser = build_parser()
-    for command in (["demo"], ["rollout", "--data", "q.parquet"], ["learn"]):
+    for command in (["demo"], ["rollout", "--data", "q.parquet"], ["learn"], ["evaluate"]):
         args = parser.parse_args([*command, "--context-keep-turns", "2", "--context-edit-form", "thumbnail",
-                                  "--visual-token-budget", "900", "--search-page-max-pixels", "50000"])
-        assert _context_settings(args) == {"context_keep_turns": 2, "context_edit_form": "thumbnail",
-                                           "visual_token_budget": 900, "search_page_max_pixels": 50000}
-        assert _context_settings(parser.parse_args(command)) == {}  # off unless asked
-    with pytest.raises(JobInputError, match="context_keep_pages must be >= 0"):
-        _context_settings(parser.parse_args(["demo", "--context-keep-pages", "-3"]))
+                                  "--visual-token-budget", "900", "--search-page-max-pixels", "50000",
+                                  "--context-edit-slack", "1"])
+        assert context_settings(args) == {"context_keep_turns": 2, "context_edit_form": "thumbnail",
+                                           "visual_token_budget": 900, "search_page_max_pixels": 50000,
+                                           "context_edit_slack": 1}
+        assert context_settings(parser.parse_args(command)) == {}  # off unless asked
+    with pytest.raises(JobInputError, match="--context-keep-pages must be at least 0"):
+        context_settings(parser.parse_args(["demo", "--context-keep-pages", "-3"]))
 
 
 def test_a_slack_edits_less_often_and_back_down_to_the_limit():

@@ -17,7 +17,8 @@ from tests.verify.helpers import roll
 from tests.verify.test_view_first_screen import dom, text
 from vrag_rollout.devkit.demo import DEMO_MAX_PAGE, one_of, turn_regex
 from vrag_rollout.verify.saved_batch import load_rollout
-from vrag_rollout.verify.view import render, segment_changes, _episodes
+from vrag_rollout.verify.view import _episodes, render
+from vrag_rollout.verify.view_segments import segment_changes
 
 
 def _roll(form, tiny_model_dir, tiny_processor, tiny_llm, where):

@@ -6,6 +6,7 @@ offline models of each family.
 - `evaluate_job`: `vrag-rollout evaluate`: a checkpoint scored on a converted benchmark as its paper scores it.
 - `evaluate_retriever_job`: `vrag-rollout evaluate-retriever`: the index alone scored on a benchmark's questions.
 - `job_checks`: what those jobs check before any engine starts (retriever, documents, files).
+- `context_flags`: the context-budget flags every engine command takes, parsed and checked.
 - `episode_table`: the one-line-per-sample table the rollout jobs print.
 - `learn_job`: `vrag-rollout learn`: the closed GRPO loop wired to the engine, retriever and tiny model.
 - `learn_task`: the task it learns by default (find the page): questions, ground truths, action grammar.

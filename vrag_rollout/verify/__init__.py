@@ -17,6 +17,10 @@ value: it recomputes from the model's own code what the rollout claims).
   emptied, prompt images kept only where they match, page columns and positions re-derived).
 - `drift`: per-turn gaps between the trainer's log-probs of a batch and the rollout's.
 - `view`: a self-contained HTML view of a batch, opening on its episodes.
+- `view_segments`: the view of a segmented batch (context edits): an episode's rows side by side,
+  with what each edit changed.
+- `view_turns`: each turn's share of an episode's reward, as the view shows it.
+- `view_html`: the HTML pieces the view's modules share (counted nouns, image data URIs).
 - `episode_facts`: what the view says of an episode besides its tokens (question, ground truth,
   the reward the batch carries, why a `budget` end happened); shows, never computes, a reward.
 """

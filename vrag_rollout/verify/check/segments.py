@@ -73,7 +73,7 @@ def _row_masks(saved: SavedBatch, row: int) -> list[Failure]:
 
 
 def _episode(saved: SavedBatch, episode: int, rows: list[int]) -> list[Failure]:
-    columns, t = saved.columns, saved.tensors
+    columns = saved.columns
     first = rows[0]
     if rows != list(range(first, first + len(rows))):
         return [Failure("segments", first, None, f"episode {episode}'s rows {rows} are not adjacent")]
