@@ -133,3 +133,23 @@ def test_the_summary_shows_each_episodes_reward_and_answer_and_corpus_rows(capsy
     assert header.split()[8:11] == ["obs", "reward", "answer"]
     assert row.split()[1] == "(corpus)" and "None" not in row
     assert " 0.550 " in row and '"the car park by the n…"' in row and row.rstrip().endswith("d_1")
+
+
+def test_a_segmented_batch_numbers_rows_by_episode_and_scores_only_its_last_row(capsys):
+    """Under a context policy an episode is several rows: `episode.row` labels, `edit` endings,
+    and a reward and answer only on the row that scores the episode."""
+    import numpy as np
+
+    from vrag_rollout.devkit.episode_table import print_summary
+    from vrag_rollout.protocol import DataProto, object_array
+
+    one = _one_row_output()
+    tensors = {key: one.batch[key].repeat(2, 1) for key in ("response_mask", "loss_mask")}
+    columns = {key: np.concatenate([value, value]) for key, value in one.non_tensor_batch.items()}
+    columns.update(termination_reason=object_array(["context_edit", "answered"]), episode_id=np.array([3, 3]),
+                   segment_index=np.array([0, 1]), reward=object_array([{"overall": 0.9}, {"overall": 0.4}]),
+                   answer=object_array([None, "page 2"]))
+    print_summary(DataProto.from_dict(tensors=tensors, non_tensors=columns, meta_info={"metrics": {}}))
+    _, first, last, _ = capsys.readouterr().out.splitlines()
+    assert first.split()[:3] == ["3.0", "d", "edit"] and " 0.900 " not in first
+    assert last.split()[:3] == ["3.1", "d", "answered"] and " 0.400 " in last and '"page 2"' in last
