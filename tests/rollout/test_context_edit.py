@@ -153,3 +153,19 @@ def test_a_slack_edits_less_often_and_back_down_to_the_limit():
     # slack 0: an edit before every turn from the third on; slack 2: one, before turn 5, back down
     # to the last turn's page (doc_4 came after it and is within the slack)
     assert rows == {0: (5, ["doc_5"]), 2: (2, ["doc_4", "doc_5"])}
+
+
+def test_the_batch_metrics_count_every_image_shown_and_the_edits():
+    from vrag_rollout.core.batch import collect_metrics
+
+    episode = Episode(0, [1], [], "doc", response_length=2000, max_images=10)
+    edits = editor(ContextPolicy(keep_pages=1))
+    for turn in range(3):
+        edits.edit(episode)
+        episode.append_sampled([65 + turn])
+        episode.append_observation(BUILDER.pages([FakePage(4), FakePage(6)], [f"doc_{turn}1", f"doc_{turn}2"],
+                                                 episode.remaining, 10))
+    metrics = collect_metrics([episode], {}, 1.0)
+    assert metrics["rollout/images_retrieved"] == 6 and metrics["rollout/visual_tokens_mean"] == 30
+    assert metrics["rollout/context_edits"] == 2 and metrics["rollout/rows"] == 3
+    assert "rollout/rows" not in collect_metrics([Episode(1, [1], [], "doc", 10, 1)], {}, 1.0)

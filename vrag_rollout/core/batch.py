@@ -152,7 +152,8 @@ def collect_metrics(episodes: Sequence[Episode], client_stats: dict, elapsed: fl
         "rollout/invalid_actions": float(sum(ep.invalid_actions for ep in episodes)),
         "rollout/retriever_errors": float(sum(ep.retriever_errors for ep in episodes)),
         "rollout/bad_requests": float(sum(ep.bad_requests for ep in episodes)),
-        "rollout/images_retrieved": float(sum(len(ep.images) for ep in episodes)),
+        "rollout/images_retrieved": float(sum(ep.images_shown for ep in episodes)),
+        "rollout/visual_tokens_mean": sum(ep.visual_tokens for ep in episodes) / count,
         "rollout/images_dropped_budget": float(sum(ep.images_dropped for ep in episodes)),
         "rollout/pages_undecodable": float(sum(ep.undecodable_pages for ep in episodes)),
         "rollout/truncated": float(reasons.get("length", 0) + reasons.get("budget", 0)),
@@ -165,6 +166,10 @@ def collect_metrics(episodes: Sequence[Episode], client_stats: dict, elapsed: fl
     for kind, number in sorted(kinds.items()):
         metrics[f"rollout/invalid_actions/{kind}"] = float(number)
     metrics["rollout/tool_calls_cut"] = float(sum(ep.calls_cut for ep in episodes))
+    edits = sum(len(ep.segments) for ep in episodes)
+    if edits:  # a context policy cut episodes into rows
+        metrics["rollout/context_edits"] = float(edits)
+        metrics["rollout/rows"] = float(len(episodes) + edits)
     for key, value in client_stats.items():
         metrics[f"retriever/{key}"] = float(value)
     return metrics

@@ -71,6 +71,7 @@ class Episode:
     undecodable_pages: int = 0  # retrieved page images that could not be decoded (left out)
     images_dropped: int = 0
     visual_tokens: int = 0  # image tokens of every page the episode was shown (its visual budget spends these)
+    images_shown: int = 0  # every image the episode was shown (an edit may take some out of `images`)
     answer: Optional[str] = None
     termination: Optional[str] = None
     # Why a "budget" ending: {"turn", "tokens", "remaining", "page_ids"} of the result that did
@@ -133,6 +134,7 @@ class Episode:
         self.observation_turns.append(self.turns)
         self.images.extend(observation.images)
         self.visual_tokens += sum(image.num_tokens for image in observation.images)
+        self.images_shown += len(observation.images)
         for k, image in enumerate(observation.images):
             page_id, region = observation.image_page(k), observation.region_of(k)
             self.image_regions.append(None if region is None else list(region))
