@@ -520,6 +520,12 @@ def _learn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         check_settings(**settings, **sources, out_dir=args.out, resume=args.resume, save_every=args.save_every)
     except ValueError as error:  # a value, not the usage: one line, no usage tail
         raise JobInputError(str(error)) from None
+    context = context_settings(args)
+    credit = args.estimator is not None or args.turn_rewards is not None  # learn's turn credit (`Credit`)
+    if credit and (context.get("context_keep_turns") or context.get("context_keep_pages")):
+        from .config import TURN_CREDIT_WITH_SEGMENTS
+
+        raise JobInputError(TURN_CREDIT_WITH_SEGMENTS)
     samples, _truths, page_counts = learn_questions(args.data, args.batch_size, args.action_format)
     embedded = args.retriever_url is None and args.fixtures is None
     index = args.index
@@ -535,7 +541,7 @@ def _learn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
               retriever_url=args.retriever_url, fixtures=args.fixtures, action_format=args.action_format,
               retriever_preflight=args.retriever_preflight, guard=args.guard, grammar=args.grammar,
               save_every=args.save_every, resume=args.resume, estimator=args.estimator,
-              turn_rewards=args.turn_rewards, task=args.task, context=context_settings(args), **sources)
+              turn_rewards=args.turn_rewards, task=args.task, context=context, **sources)
     return 0
 
 

@@ -49,6 +49,10 @@ def test_segment_rows_are_what_the_engine_saw(edited):
     # the rows after an edit sampled freely: their log-probs were compared, not excused
     assert report.forward["free_tokens"] > 0 and report.forward["free_max_gap"] < 1e-3
     assert Guard(model.model_dir, positions_fraction=1.0).inspect(rollout.output, rollout.config).ok
+    # a first row claiming a context would train on none of its first tokens: named
+    first = next(r for r in range(len(saved)) if saved.columns["segment_index"][r] == 0)
+    saved.columns["context_length"][first] = 3
+    assert any("first row has a context" in f.message for f in check_batch(saved, model.model_dir).failures)
 
 
 # one family per format: the forward pass is the costly part, and the proof above covers every family

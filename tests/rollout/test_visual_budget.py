@@ -94,3 +94,28 @@ def test_a_thumbnail_band_below_the_trainers_smallest_image_is_refused(tiny_proc
     band = page_band(tiny_processor, *FULL)
     assert lowered_band(band, 100, processor_floor(tiny_processor, 28 * 28 * 4)) is None
     assert lowered_band(band, FULL[1] * 2, 0) is band
+
+
+def test_a_lowered_band_keeps_the_pages_shape(builder, tiny_processor):
+    """A share below the band's bottom lowers the bottom to the smallest page kept, not to the
+    share: a one-size band would force a page's shape (or hold no page at all)."""
+    band = page_band(tiny_processor, 256 * 28 * 28, 512 * 28 * 28)
+    floor = processor_floor(tiny_processor)
+    for tokens in (251, 199, 100):
+        lowered = lowered_band(band, tokens * 28 * 28, floor)
+        assert lowered.min_pixels == max(floor, 28 * 28) and lowered.max_pixels == tokens * 28 * 28
+    obs = Observer(builder, band, floor_pixels=floor)
+    (shared,) = obs.observe_turn([(Search("q"), PAGES[:2], Room(10_000, 8, 502))])  # 251 tokens a page
+    for image in shared.observation.images:
+        assert image.num_tokens <= 251 and image.num_tokens == processor_tokens(tiny_processor, image)
+        assert 0.6 < image.image.width / image.image.height < 1.0  # the page's own shape (850 x 1100)
+
+
+def test_the_native_format_says_the_visual_budget_is_spent(builder, tiny_processor):
+    from vrag_rollout.core.tool_turns import TOOLS, ToolTurnTemplate
+
+    template = ToolTurnTemplate(tiny_processor.tokenizer, TOOLS)
+    obs = observer(builder, tiny_processor)
+    result = obs.observe_tool_turn([Search("q")], [PAGES[:2]], Room(10_000, 8, 2), template)
+    text = builder.decode(result.observation.trainer_ids)
+    assert result.observation.num_images == 0 and "the visual budget of this episode is spent" in text

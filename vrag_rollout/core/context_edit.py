@@ -103,6 +103,9 @@ class ContextEditor:
             return False
         chosen = self.policy.images_to_replace(episode.image_turns, episode.image_forms, episode.turns)
         replacements = {k: self._replacement(episode, k) for k in chosen}
+        for k, replacement in replacements.items():
+            if replacement is None:  # already as small as a thumbnail: it counts as one (no token changes)
+                episode.image_forms[k] = THUMBNAIL
         replacements = {k: r for k, r in replacements.items() if r is not None}
         if not replacements:
             return False
@@ -114,7 +117,8 @@ class ContextEditor:
         return True
 
     def _replacement(self, episode: Any, k: int) -> Optional[tuple]:
-        """("stub", ids) or ("thumbnail", page); None when the thumbnail is the image itself."""
+        """("stub", ids) or ("thumbnail", page); None when the thumbnail would not be smaller (a
+        page shown small already, e.g. under a visual budget: a thumbnail band may be larger)."""
         if self.policy.form == STUB:
             region = episode.image_regions[k] is not None
             ids = self.encode(stub_text(episode.image_page_ids[k], episode.image_turns[k], region))
@@ -122,7 +126,7 @@ class ContextEditor:
         if self.thumbnail is None:
             raise RuntimeError("a thumbnail context edit needs a thumbnail maker")
         small = self.thumbnail(episode.images[k])
-        return None if small.grid_thw == episode.images[k].grid_thw else (THUMBNAIL, small)
+        return None if small.num_tokens >= episode.images[k].num_tokens else (THUMBNAIL, small)
 
 
 def snapshot(episode: Any) -> Segment:
@@ -166,6 +170,10 @@ def _replace(episode: Any, k: int, replacement: tuple, editor: ContextEditor) ->
                        episode.image_forms):
             del column[k]
     else:
+        page_id = episode.image_page_ids[k]
+        if episode.image_regions[k] is None and episode.shown_pages.get(page_id) is episode.images[k]:
+            # a region action reads its box against the page as the context now shows it
+            episode.shown_pages[page_id] = value
         episode.images[k] = value
         episode.image_forms[k] = THUMBNAIL
 

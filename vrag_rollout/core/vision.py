@@ -396,14 +396,16 @@ def processor_floor(processor: Any, trainer_min_pixels: Optional[int] = None) ->
 
 
 def lowered_band(band: PixelBand, max_pixels: int, floor_pixels: int) -> Optional[PixelBand]:
-    """`band` with its top lowered to `max_pixels` (its bottom with it, never below
-    `floor_pixels`); `band` itself when it already lies below; None when no page fits."""
+    """`band` with its top lowered to `max_pixels`; below the band's bottom, the bottom goes down
+    to `floor_pixels` (never to the top: a one-size band would force a page's shape); `band`
+    itself when it already lies below; None when no page fits."""
     if max_pixels >= band.max_pixels:
         return band
     floor = max(floor_pixels, band.factor ** 2)
     if max_pixels < floor:
         return None
-    return dataclasses.replace(band, min_pixels=max(floor, min(band.min_pixels, max_pixels)), max_pixels=max_pixels)
+    bottom = band.min_pixels if band.min_pixels <= max_pixels else floor
+    return dataclasses.replace(band, min_pixels=bottom, max_pixels=max_pixels)
 
 
 def narrowed_band(band: Any, min_pixels: Optional[int], max_pixels: Optional[int]) -> Any:

@@ -169,6 +169,7 @@ class Observer:
         count = sum(len(_image_pages(outcome)) for outcome in outcomes)
         bands = [self.band_for(call, room, count) for call in calls]
         budget, image_slots = room.budget, room.image_slots if all(bands) else 0
+        why = "no room" if all(bands) else "the visual budget of this episode is spent"
         pages = [(page, band or self.band) for outcome, band in zip(outcomes, bands) for page in _image_pages(outcome)]
         decoded = self._decode_all(pages)
         counts = ObservationResult(None)
@@ -176,7 +177,7 @@ class Observer:
         answers = [self._tool_answer(call, outcome, decoded, counts) for call, outcome in zip(calls, outcomes)]
         kept = [len(images) for images, _, _ in answers]
         while True:
-            observation = self._tool_observation(answers, kept, budget, image_slots, template)
+            observation = self._tool_observation(answers, kept, budget, image_slots, template, why)
             if observation is not None or not any(kept):
                 counts.observation = observation
                 if observation is None:  # not even the texts fit: what they needed, images all left out
@@ -218,13 +219,13 @@ class Observer:
         return images, "pages: " + ", ".join(page_id for _, page_id, _ in images), None
 
     def _tool_observation(self, answers: list, kept: list, budget: int, image_slots: int,
-                          template: Any) -> Optional[Observation]:
+                          template: Any, why: str = "no room") -> Optional[Observation]:
         from ..core.tool_turns import ToolResult
 
         if sum(kept) > max(image_slots, 0):
             return None
         images = [img for (imgs, _, _), k in zip(answers, kept) for img in imgs[:k]]
-        results = [ToolResult(text if k == len(imgs) else text + f" ({len(imgs) - k} left out: no room)", images=k)
+        results = [ToolResult(text if k == len(imgs) else text + f" ({len(imgs) - k} left out: {why})", images=k)
                    for (imgs, text, _), k in zip(answers, kept)]
         engine_ids = template.observation_ids(results)
         pad = self.builder.vision.image_pad

@@ -47,6 +47,7 @@ import torch
 
 from ..logit_bias import dense_logit_bias
 from ..core.pages import pixels
+from ..config import TURN_CREDIT_WITH_SEGMENTS
 from .segments import episode_advantages, episode_ids, episode_weights
 
 IMAGE_PAD = "<|image_pad|>"
@@ -163,7 +164,10 @@ def grammar_forced(batch: Any) -> Optional[torch.Tensor]:
 def estimator_advantages(batch: Any, rewards: Any, n: int, mask_key: str = "loss_mask", estimator: str = "grpo",
                          turn_rewards: Optional[list] = None) -> torch.Tensor:
     """(B, R): `grpo_advantages` for "grpo" (of each row's summed `turn_rewards` when given: with
-    per-turn rewards off, exactly `rewards`), else `training/turn_credit.credit_advantages`."""
+    per-turn rewards off, exactly `rewards`), else `training/turn_credit.credit_advantages`. Turn
+    credit reads one row an episode: a segmented batch (context edits) is refused."""
+    if (estimator != "grpo" or turn_rewards is not None) and episode_ids(batch) is not None:
+        raise ValueError(TURN_CREDIT_WITH_SEGMENTS)
     if estimator == "grpo":
         return grpo_advantages(batch, rewards if turn_rewards is None else [sum(row) for row in turn_rewards], n, mask_key)
     from .turn_credit import credit_advantages

@@ -7,8 +7,9 @@ context. Contract: `check_segments(saved)` returns (failures, notes) and fails
 - a row whose `loss_mask` is not its `sampled_mask` with the context cut off, or whose rollout
   log-probs are not 0 in the context (the context was sampled under another context: its tokens
   are never trained on in this row);
-- an episode whose rows are not adjacent, not numbered 0..k-1 in order, whose rows' prompts
-  differ, or whose earlier rows do not end with an edit (or whose last does);
+- an episode whose rows are not adjacent, not numbered 0..k-1 in order, whose first row has a
+  context, whose rows' prompts differ, or whose earlier rows do not end with an edit (or whose
+  last does);
 - a row (after the first) whose context does not hold every token the policy sampled in the
   previous row, verbatim, in order, with the same turn ids: an edit may replace what the engine
   was shown, never what the policy wrote.
@@ -81,6 +82,9 @@ def _episode(saved: SavedBatch, episode: int, rows: list[int]) -> list[Failure]:
     if indices != list(range(len(rows))):
         return [Failure("segments", first, None, f"episode {episode}'s rows are numbered {indices}, not 0..{len(rows) - 1}")]
     fails = []
+    if int(columns["context_length"][first]):
+        fails.append(Failure("segments", first, None, f"episode {episode}'s first row has a context of "
+                             f"{int(columns['context_length'][first])} tokens: nothing came before it"))
     reasons = [str(columns["termination_reason"][row]) for row in rows]
     for row, reason in zip(rows[:-1], reasons[:-1]):
         if reason != CONTEXT_EDIT:
