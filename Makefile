@@ -30,6 +30,7 @@ bench: setup
 	$(PY) scripts/bench_schedules.py
 	$(PY) scripts/bench_pages.py
 	$(PY) scripts/bench_encoder.py
+	$(PY) scripts/bench_context.py
 
 # Corpus scale (several minutes each): BM25 corpus search, then dense late interaction, at
 # 2,000 and 20,000 generated pages.
