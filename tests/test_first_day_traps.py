@@ -44,6 +44,18 @@ def test_both_retrievers_named_is_refused_as_such(tmp_path, capsys):
     assert "pass only one of --index" in said and "name the retriever" not in said
 
 
+def test_the_credit_task_with_your_own_data_is_refused(tmp_path, capsys):
+    """`--task two-pages` asks its own questions: with --data it would silently ignore the file."""
+    from vrag_rollout.data.dataset import convert_dataset
+
+    questions = tmp_path / "q.json"
+    questions.write_text(json.dumps([QUESTION]))
+    convert_dataset(questions, tmp_path / "q.parquet")
+    said = refused(["learn", "--task", "two-pages", "--data", str(tmp_path / "q.parquet"), "--out",
+                    str(tmp_path / "run")], capsys)
+    assert "--task two-pages asks its own questions" in said
+
+
 @pytest.mark.parametrize("kind, head, fragment", [
     ("pdf", b"%PDF-1.4\n\xff\xfe\x00 binary", "this is a PDF, a document, not a questions file"),
     ("parquet", b"PAR1\x15\x04\xff binary", "already a converted dataset"),

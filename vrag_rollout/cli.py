@@ -520,6 +520,8 @@ def _learn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         check_settings(**settings, **sources, out_dir=args.out, resume=args.resume, save_every=args.save_every)
     except ValueError as error:  # a value, not the usage: one line, no usage tail
         raise JobInputError(str(error)) from None
+    if args.task != "page" and args.data is not None:  # the task brings its own questions and grammar
+        raise JobInputError(f"--task {args.task} asks its own questions: it cannot learn from --data as well")
     context = context_settings(args)
     credit = args.estimator is not None or args.turn_rewards is not None  # learn's turn credit (`Credit`)
     if credit and (context.get("context_keep_turns") or context.get("context_keep_pages")):
