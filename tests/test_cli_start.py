@@ -98,6 +98,7 @@ def test_a_value_error_in_a_subcommand_is_one_line_and_a_usage_error_shows_the_u
     assert main(["learn", "--n", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("vrag-rollout learn: error: ") and "n must be >= 2" in err and "usage:" not in err
+    assert err.count("vrag-rollout learn:") == 1  # the prefix once
     with pytest.raises(SystemExit) as exit_info:
         main(["learn", "--guard", "nope"])
     assert exit_info.value.code == 2 and capsys.readouterr().err.startswith("usage: vrag-rollout learn")

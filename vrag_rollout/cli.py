@@ -518,8 +518,8 @@ def _learn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     sources = dict(data=args.data, index=args.index)
     try:
         check_settings(**settings, **sources, out_dir=args.out, resume=args.resume, save_every=args.save_every)
-    except ValueError as error:  # a value, not the usage: one line, no usage tail
-        raise JobInputError(str(error)) from None
+    except ValueError as error:  # a value, not the usage: one line, no usage tail, the prefix once
+        raise JobInputError(str(error).removeprefix("vrag-rollout learn: ")) from None
     if args.task != "page" and args.data is not None:  # the task brings its own questions and grammar
         raise JobInputError(f"--task {args.task} asks its own questions: it cannot learn from --data as well")
     context = context_settings(args)
