@@ -53,7 +53,8 @@ from typing import Any, Callable, Optional, Sequence
 from . import episode_facts as facts
 from .saved_batch import SavedBatch, load_rollout
 from .view_html import IMAGE_PAD, VISION_END, VISION_START, _count, data_uri
-from .view_segments import _SEGMENT_CSS, _segment_group, _segment_groups
+from .check.segments import episodes_of
+from .view_segments import _SEGMENT_CSS, _segment_group
 from .view_turns import turn_rewards_html
 
 
@@ -475,7 +476,7 @@ def render(saved: SavedBatch, model_dir: Optional[str] = None, title: str = "rol
 def _episodes(saved: SavedBatch, model_dir: Optional[str], truths: Optional[dict]) -> list[_Episode]:
     decode, vision = _decoder(saved, model_dir)
     episodes = [_Episode(saved, row, decode, vision, truths) for row in range(len(saved))]
-    for rows in _segment_groups(saved).values():
+    for rows in episodes_of(saved).values():
         for index, row in enumerate(rows):
             episodes[row].segment = (int(saved.columns["episode_id"][row]), index, len(rows))
     return episodes
@@ -483,7 +484,7 @@ def _episodes(saved: SavedBatch, model_dir: Optional[str], truths: Optional[dict
 
 def _page(saved: SavedBatch, episodes: list[_Episode], title: str) -> str:
     sections = [ep.render() for ep in episodes]  # first: rendering counts each episode's crops
-    groups = _segment_groups(saved)
+    groups = episodes_of(saved)
     if groups:  # a segmented batch: an episode's rows (adjacent) grouped, side by side
         grouped = []
         for episode, rows in groups.items():

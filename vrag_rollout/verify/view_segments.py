@@ -3,7 +3,7 @@ each edit changed (an image made a text stub or a thumbnail), read from the save
 
 `segment_changes(before, after)` walks an earlier row's whole response beside the next row's
 context; `_segment_group` renders an episode's rows (the view's `_Episode` objects, rendered by
-`view.py`), and `_segment_groups(saved)` finds them (`episode_id`).
+`view.py`), found by `check.segments.episodes_of` (`episode_id`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .saved_batch import SavedBatch
 from .view_html import IMAGE_PAD, VISION_END, VISION_START, _count, data_uri
 
 # Only on segmented batches (context edits), so other pages render as before.
@@ -34,15 +33,6 @@ code.stub{background:#fff4d6}
 # ---- segmented batches (context edits): an episode's rows, grouped, with what each edit changed ----
 
 STUB_TEXT = re.compile(r"\[[^\[\]]*, seen in turn \d+\]")  # core.context_edit.stub_text, restated
-
-
-def _segment_groups(saved: SavedBatch) -> dict[int, list[int]]:
-    """episode id -> its rows in batch order, in order of first row; {} without an `episode_id` column."""
-    ids = saved.columns.get("episode_id")
-    groups: dict[int, list[int]] = {}
-    for row, episode in enumerate(ids if ids is not None else ()):
-        groups.setdefault(int(episode), []).append(row)
-    return groups
 
 
 @dataclass
