@@ -498,6 +498,83 @@ def run_steps(steps: int, *, worker, config, trainer_batch, manager, tokenizer, 
     worker.release_rollout_engine()
 
 
+def run_segment_steps(steps: int, *, worker, config, collated, manager, agent, grammar: str, model_dir,
+                      processor, work: Path) -> None:
+    """Stage 8 under a context policy (`--context-keep-pages`): each step through EasyR1's own
+    `RayPPOTrainer._make_batch_data` (uids, generation pop, union with the prompts repeated n times,
+    the cut to rollout_batch_size x n), `_balance_batch`, `compute_advantage` and
+    `compute_data_metrics`, with the integration's segment wrappers around them
+    (`integrations/easyr1/segments.py`), then the worker's `compute_log_probs` and `update_actor`.
+    Each step's trainer batch must hold more rows than episodes, every row of an episode one
+    advantage, pads none, and its real rows must pass `vrag-rollout check` (forward pass included)."""
+    import itertools
+
+    import numpy as np
+    import torch
+    from verl.trainer import ray_trainer
+
+    from vrag_rollout.integrations.easyr1 import segments
+    from vrag_rollout.verify.check import check_batch
+    from vrag_rollout.verify.saved_batch import load_rollout, save_rollout
+
+    class OneRank:  # the worker group of a one-device job
+        world_size = 1
+
+        def generate_sequences(self, prompts):
+            return worker.generate_sequences(prompts)
+
+    class RewardHandle:  # the reward actor's handle: `.compute_reward.remote(batch)`
+        class compute_reward:
+            remote = staticmethod(manager.compute_reward)
+
+    trainer = object.__new__(ray_trainer.RayPPOTrainer)
+    trainer.config, trainer.actor_rollout_ref_wg, trainer.reward_fn = config, OneRank(), RewardHandle()
+    trainer.train_dataloader = [collated()]
+    trainer.data_iterator = (collated() for _ in itertools.count())
+    algorithm = config.algorithm
+    agent.grammar, agent.free_last_turn = grammar, False
+    worker.prepare_rollout_engine()
+    for step in range(1, steps + 1):
+        started = time.perf_counter()
+        metrics: dict = {}
+        batch = trainer._make_batch_data(metrics=metrics)
+        worker.release_rollout_engine()
+        trainer._balance_batch(batch, metrics=metrics)
+        batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
+        batch = batch.union(worker.compute_log_probs(batch))
+        batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]  # no reference policy: no KL
+        batch = ray_trainer.compute_advantage(batch, adv_estimator=algorithm.adv_estimator, gamma=algorithm.gamma,
+                                              lam=algorithm.lam)
+        episodes, rows = metrics["segments/episodes"], metrics["segments/rows"]
+        if rows <= episodes:
+            raise AssertionError(f"step {step}: {rows} rows for {episodes} episodes: no context edit happened")
+        keys = batch.non_tensor_batch[segments.EPISODE_KEY]
+        pads = batch.non_tensor_batch[segments.PAD_KEY]
+        mask = batch.batch["response_mask"].bool()
+        for key in {int(k) for k in keys if k >= 0}:
+            values = batch.batch["advantages"][torch.as_tensor(keys == key)][mask[torch.as_tensor(keys == key)]]
+            if values.numel() and float(values.max() - values.min()) > 1e-6:
+                raise AssertionError(f"step {step}: episode {key}'s rows hold different advantages")
+        if float(batch.batch["advantages"][torch.as_tensor(pads)].abs().sum()) or int(mask[torch.as_tensor(pads)].sum()):
+            raise AssertionError(f"step {step}: a pad row trains")
+        real = batch[[r for r in range(len(batch)) if not pads[r]]]
+        saved = work / f"segments-step{step}.pt"
+        save_rollout(real, saved, processor=processor, model_path=model_dir, config=config.worker.rollout)
+        report = check_batch(load_rollout(saved), model_dir, forward=True)
+        if not report.ok:
+            raise AssertionError(f"step {step}: the trainer's segment rows fail check:\n{report.human()}")
+        data_metrics = ray_trainer.compute_data_metrics(batch=batch, use_critic=False)
+        actor = worker.update_actor(batch).non_tensor_batch
+        worker.prepare_rollout_engine()
+        print(f"step {step}/{steps}: {episodes} episodes in {rows} rows (+{len(batch) - rows} pads), check ok "
+              f"(forward gap max {report.forward.get('free_max_gap', 0.0):.2e} on {report.forward.get('free_tokens', 0)} "
+              f"free tokens), reward mean per episode {metrics.get('reward/overall', float('nan')):.3f}, "
+              f"EasyR1's score metric {data_metrics.get('critic/score/mean', float('nan')):.3f}, "
+              f"pg_loss {float(np.mean(actor['actor/pg_loss'])):.3e}, grad_norm "
+              f"{float(np.mean(actor['actor/grad_norm'])):.3f}, {time.perf_counter() - started:.1f}s", flush=True)
+    worker.release_rollout_engine()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--easyr1", required=True, type=Path, help="an EasyR1 checkout (the folder holding verl/)")
@@ -518,6 +595,9 @@ def main() -> int:
                         help="the actor's learning rate for --steps (EasyR1's 1e-6 barely moves the tiny model)")
     parser.add_argument("--skip-gap", action="store_true",
                         help="skip stage 5's logprob gap (one actor pass per banned token: many minutes on a CPU)")
+    parser.add_argument("--context-keep-pages", type=int, default=0,
+                        help="with --steps: a context policy (keep the last K pages as images); the steps then run "
+                             "through EasyR1's own batch-making code with segment rows (stages 3-6 are skipped)")
     parser.add_argument("--plant", action="store_true",
                         help="plant the six known defects in the worker path and check the guard's drop and fail")
     parser.add_argument("--data", type=Path, default=None,
@@ -531,6 +611,8 @@ def main() -> int:
         parser.error("--plant needs --batch-size x --n >= 8 (six defects on their own samples, one spare group)")
     if args.data is not None and args.steps:
         parser.error("--data is for the one-step path; --steps trains on the find-the-page task's own questions")
+    if args.context_keep_pages and not args.steps:
+        parser.error("--context-keep-pages runs the training steps' path: give --steps too")
 
     sys.path[:0] = [str(p) for p in (args.deps, args.easyr1) if p is not None] + [str(REPO)]
     if args.steps:  # checked once the extras are on the path: transformers looks for them once
@@ -601,7 +683,7 @@ def main() -> int:
             f"worker.rollout.guard_samples_dir={work / 'guard_bad_samples'}",
             f"worker.rollout.guard_positions_fraction={1.0 if args.plant else 0.125}",
             f"worker.reward.reward_function={REPO / 'examples' / 'reward_function' / 'vrag.py'}:compute_score",
-            "trainer.n_gpus_per_node=1",
+            "trainer.n_gpus_per_node=1", f"worker.rollout.context_keep_pages={args.context_keep_pages}",
         ] + ([f"worker.actor.optim.lr={args.lr}", "algorithm.disable_kl=true", "algorithm.use_kl_loss=false"]
              if args.steps else []))
         from retriever_server.sample_corpus import SAMPLE_FACTS
@@ -661,6 +743,21 @@ def main() -> int:
         worker.init_model()
         assert isinstance(worker.rollout, glue.EasyR1RolloutAdapter), type(worker.rollout)
         stage("worker", started)
+
+        if args.context_keep_pages:  # ---- 8. segment steps through EasyR1's trainer ----
+            started = time.perf_counter()
+            from verl.workers.reward import AutoRewardManager
+
+            from vrag_rollout.devkit.learn_task import task_regex
+
+            config.worker.reward.post_init() if config.worker.reward.reward_function_name is None else None
+            run_segment_steps(args.steps, worker=worker, config=config, manager=AutoRewardManager(config.worker.reward,
+                              tokenizer), collated=lambda: collate_fn([dataset[i] for i in range(args.batch_size)]),
+                              agent=free_agent, grammar=task_regex(args.action_format), model_dir=model_dir,
+                              processor=processor, work=work)
+            stage("segments", started)
+            print("check_easyr1: all stages passed")
+            return 0
 
         # ---- 3. generate ----
         started = time.perf_counter()

@@ -12,6 +12,7 @@ from ...config import AgentRolloutConfig, guard_samples_under
 from ...formats import FORMATS
 from .common import AGENT_ROLLOUT_NAME, CONFIG_CLASS_NAME, MODULE, lock
 from .detect import require_easyr1
+from .segments import segment_problems
 
 # EasyR1's RolloutConfig fields (hiyouga/EasyR1 b44b311, verl/workers/rollout/config.py).
 EASYR1_ROLLOUT_FIELDS = (
@@ -147,6 +148,7 @@ def check_agent_config(ppo_config: Any) -> list:
     algorithm = getattr(ppo_config, "algorithm", None)
     if algorithm is not None and getattr(algorithm, "adv_estimator", None) is not None:
         problems.extend(check_estimator(algorithm.adv_estimator))
+    problems.extend(segment_problems(ppo_config))
     return problems
 
 

@@ -5,7 +5,7 @@
 (generation pop), `verl.workers.reward.function` (reward view, placement, metrics),
 `verl.trainer.core_algos` (REINFORCE++ returns that skip observations), `verl.utils.dataset`
 (tool schemas in the prompts of tool_call runs) and `verl.trainer.ray_trainer` (the live guard's
-`guard/` metrics, `guard.py`). With `lazy=True` a
+`guard/` metrics, `guard.py`; a context policy's segment rows, `segments.py`). With `lazy=True` a
 module not imported yet is patched right after its first import (a meta-path finder wraps its
 loader), so processes that never import it (reward actors, idle Ray workers) do not pay for
 importing vLLM. `worker_setup_hook` is what Ray runs in every worker process.
@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from .common import lock
 from .detect import require_easyr1
-from . import turn_estimators
+from . import segments, turn_estimators
 from .estimators import patch_core_algos
 from .generation_pop import patch_protocol
 from .prompt_tools import patch_dataset
@@ -80,7 +80,7 @@ def patch_trainer_metrics(module: Any) -> dict:
 def install_agent_rollout(*, rollout: bool = True, multi_modal_cache: bool = True,
                           generation_columns: bool = True, reward_view: bool = True,
                           estimators: bool = True, prompt_tools: bool = True, guard_metrics: bool = True,
-                          lazy: bool = False) -> dict:
+                          segment_rows: bool = True, lazy: bool = False) -> dict:
     """Patch EasyR1 in this process (idempotent). Returns {patch name: newly installed?}.
 
     Must run in every Ray worker process: use `make_runtime_env()` with `ray.init` (the hook),
@@ -100,9 +100,10 @@ def install_agent_rollout(*, rollout: bool = True, multi_modal_cache: bool = Tru
         targets["verl.trainer.core_algos"] = lambda m: {**patch_core_algos(m), **turn_estimators.patch_core_algos(m)}
     if prompt_tools:
         targets["verl.utils.dataset"] = patch_dataset
-    if guard_metrics or estimators:
+    if guard_metrics or estimators or segment_rows:
         targets["verl.trainer.ray_trainer"] = lambda m: {**(patch_trainer_metrics(m) if guard_metrics else {}),
-                                                         **(turn_estimators.patch_ray_trainer(m) if estimators else {})}
+                                                         **(turn_estimators.patch_ray_trainer(m) if estimators else {}),
+                                                         **(segments.patch_ray_trainer(m) if segment_rows else {})}
     done: dict = {}
     deferred = {}
     with lock:

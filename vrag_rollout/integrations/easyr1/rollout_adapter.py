@@ -14,6 +14,10 @@ The adapter, per `generate_sequences` call:
 * for the trainer's ReMax baseline call, the output is stripped (`estimators.strip_baseline_output`)
   and not guarded (only its rewards are used);
 * on the first call, the engine's vision input-norm buffers are restored (`engine_fixes`).
+
+Under a context policy the output holds each episode's rows (closed segments, then its final
+row); the trainer patch (`segments.py`) shows EasyR1's batch-making code the final rows only and
+puts the rest back after it.
 """
 
 from __future__ import annotations
@@ -177,7 +181,6 @@ class RolloutDispatcher:
                 "`python -m vrag_rollout.integrations.easyr1` (or build the config with "
                 "load_ppo_config) so worker.rollout uses EasyR1AgentRolloutConfig"
             )
-        config.require_one_row_per_episode("EasyR1's trainer")
         agent_cls = load_agent_class()
         if kwargs.get("lora_kwargs") and not getattr(agent_cls, "supports_lora", False):
             raise NotImplementedError(
