@@ -237,15 +237,6 @@ class AgentRolloutConfig:
         """Whether a context policy may edit the past (episodes may then have several rows)."""
         return self.context_keep_turns > 0 or self.context_keep_pages > 0
 
-    def require_one_row_per_episode(self, trainer: str) -> None:
-        """Refuse a context policy where `trainer` takes exactly one row per episode."""
-        if self.edits_context:
-            raise ValueError(
-                f"context_keep_turns/context_keep_pages cut an episode into several training rows, and {trainer} takes "
-                "exactly one row per episode (prompts x n): train with `vrag-rollout learn` (or the learn loop) to use "
-                "a context policy here, or keep the past in one row with search_page_max_pixels and "
-                "visual_token_budget, which edit nothing")
-
     def images_per_sample(self, prompt_images: int = 1) -> int:
         if self.max_images_per_sample > 0:
             return self.max_images_per_sample

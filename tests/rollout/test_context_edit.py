@@ -103,20 +103,6 @@ def test_a_stub_names_the_page_and_the_turn():
     assert len(episode.segments) == 2
 
 
-def test_trainers_of_one_row_per_episode_refuse_a_context_policy():
-    from vrag_rollout.config import AgentRolloutConfig
-
-    config = AgentRolloutConfig(prompt_length=8, response_length=8, context_keep_turns=2)
-    try:
-        config.require_one_row_per_episode("EasyR1's trainer")
-    except ValueError as error:
-        assert "EasyR1's trainer" in str(error) and "vrag-rollout learn" in str(error)
-    else:
-        raise AssertionError("a context policy was accepted by a one-row trainer")
-    AgentRolloutConfig(prompt_length=8, response_length=8, visual_token_budget=500,
-                       search_page_max_pixels=10_000).require_one_row_per_episode("verl's agent loop")
-
-
 def test_the_commands_take_the_context_budget_flags():
     import pytest
 

@@ -234,7 +234,7 @@ def from_dataproto(data: Any, *, processor: Any = None, model_path: Optional[str
 
     recorded = _uniform(columns_in.get("rollout_meta"))  # verl's agent loop keeps it per sample
     if isinstance(recorded, Mapping):
-        for key in ("action_format", "temperature", "top_k", "top_p"):
+        for key in ("action_format", "temperature", "top_k", "top_p", "action_regex", "first_turn_action_regex"):
             if key in recorded:
                 config_dict.setdefault(key, recorded[key])
         for key, value in recorded.items():

@@ -12,7 +12,9 @@ which holds the same driver; only the engine is verl's (`ServerDriver` writes ea
 sampling parameters in verl's server conventions). The output carries the trainer view: prompt and response ids with every image's
 pad run expanded, the loss mask as `response_mask`, the rollout logprobs (0 on observations),
 the images in sequence order as `multi_modal_data["images"]`, and per-episode facts in
-`extra_fields` (`termination_reason`, `page_ids`, `budget_overflow`, `turn_ids`, ...).
+`extra_fields` (`termination_reason`, `page_ids`, `budget_overflow`, `turn_ids`, ...). Under a
+context policy the episode is several rows and `run` returns a list, one output per row, for verl's
+v1 trainer; other trainer settings are refused at loop init (`segments.py`).
 
 Configuration: the loop's entry in verl's `agent_loop_config_path` file, whose keys besides
 `name` and `_target_` reach `__init__` (hydra): `vrag` (a dict of `AgentRolloutConfig` fields:
@@ -66,6 +68,7 @@ from ...rollout import tool_batcher
 from ...rollout.driver import EpisodeDriver
 from ...rollout.schedules import ScheduleClock, run_episode
 from .images import prompt_images
+from .segments import calling_worker, refuse_unfit_trainer, row_outputs
 from .turns import turn_output
 
 AGENT_NAME = "vrag_agent"
@@ -135,9 +138,8 @@ def shared_driver(model_path: str, settings: dict, tokenizer: Any, processor: An
     key = (model_path, json.dumps(settings, sort_keys=True, default=str))
     with _drivers_lock:
         if key not in _drivers:
-            driver = ServerDriver(model_path, settings, tokenizer, processor, logits_width=checkpoint_width(model_path))
-            driver.config.require_one_row_per_episode("verl's agent loop")
-            _drivers[key] = driver
+            _drivers[key] = ServerDriver(model_path, settings, tokenizer, processor,
+                                         logits_width=checkpoint_width(model_path))
         return _drivers[key]
 
 
@@ -207,16 +209,21 @@ class VragAgentLoop(AgentLoopBase):
         self.model_path = model_path or str(self.config.actor_rollout_ref.model.path)
         settings = agent_config(self.rollout_config, dict(vrag or {}))
         self.driver = shared_driver(self.model_path, settings, tokenizer, processor)
+        # a context policy's rows need verl's v1 worker, a per-token loss and GRPO (segments.py)
+        refuse_unfit_trainer(self.driver.config, self.config, calling_worker())
         refuse_grammar_under_partial_rollouts(self.driver, server_manager, self.config)
         self.eos_ids = end_of_sequence_ids(self.driver.tokenizer, self.model_path)
         config = self.driver.config
+        # the grammars too: `check` compares the free turns after a first-turn-only grammar
         self.rollout_meta = {**self.driver.rollout_meta(), "action_format": config.action_format,
-                             "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p}
+                             "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p,
+                             "action_regex": config.action_regex,
+                             "first_turn_action_regex": config.first_turn_action_regex}
         if config.calculate_log_probs:  # the engine is verl's: its logprobs mode is verl's setting
             self.rollout_meta["rollout_log_probs_mode"] = str(self.rollout_config.get("logprobs_mode",
                                                                                       VERL_LOGPROBS_MODE))
 
-    async def run(self, sampling_params: dict, **kwargs: Any) -> AgentLoopOutput:
+    async def run(self, sampling_params: dict, **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
         driver = self.driver
         sample = kwargs.get(SAMPLE_COLUMN)
         episode, prompt_ids = self._episode(kwargs, int(sample) if sample is not None else trajectory_number())
@@ -288,11 +295,12 @@ class VragAgentLoop(AgentLoopBase):
                           response_length=driver.config.response_length, max_images=driver.max_images)
         return episode, prompt_ids
 
-    def _output(self, episode: Episode, prompt_ids: list[int], clock: ScheduleClock, steps: dict) -> AgentLoopOutput:
+    def _output(self, episode: Episode, prompt_ids: list[int], clock: ScheduleClock,
+                steps: dict) -> AgentLoopOutput | list[AgentLoopOutput]:
+        """The episode as verl's output: one `AgentLoopOutput`, or under a context policy a list,
+        one per row of the episode in order (`segments.row_outputs`)."""
         driver = self.driver
-        images = list(episode.prompt_images) + [page.image for page in episode.images]
-        # the batch column holds the pages' shared entries (their bytes), never pixels per sample
-        entries = list(episode.prompt_images) + [page.entry for page in episode.images]
+        with_logprobs = bool(driver.config.calculate_log_probs)
         extra = {"termination_reason": episode.termination, "page_ids": [list(p) for p in episode.page_ids],
                  "budget_overflow": episode.budget_overflow, "num_searches": episode.searches,
                  "num_fetches": episode.fetches, "num_crops": episode.crops,
@@ -305,14 +313,24 @@ class VragAgentLoop(AgentLoopBase):
                  # how it was sampled, as the EasyR1 rollout's meta_info says it (verl keeps no
                  # batch-level meta): `vrag-rollout check` reads it from this column
                  "rollout_meta": self.rollout_meta,
-                 # the images again as a column: what `vrag-rollout check` and the viewer read
-                 "multi_modal_data": {"images": entries},
+                 # the images again as a column (the pages' shared entries, their bytes, never
+                 # pixels per sample): what `vrag-rollout check` and the viewer read
+                 "multi_modal_data": {"images": list(episode.prompt_images) + [page.entry for page in episode.images]},
                  # verl's reward manager adds this column's entries to the reward's extra_info
                  "tool_extra_fields": {"page_ids": [list(p) for p in episode.page_ids]},
                  **steps}
-        return AgentLoopOutput(
-            prompt_ids=prompt_ids, response_ids=list(episode.response_ids), response_mask=list(episode.loss_mask),
-            response_logprobs=list(episode.logprobs) if driver.config.calculate_log_probs else None,
-            multi_modal_data={"images": images} if images else None, num_turns=episode.turns,
-            metrics=AgentLoopMetrics(generate_sequences=clock.engine, tool_calls=clock.sample_tool_wait),
-            extra_fields=extra)
+
+        def output(part: Any, response_mask: list[int], logprobs: Optional[list[float]], images: list,
+                   extra_fields: dict, final: bool = True) -> AgentLoopOutput:
+            # the episode's clock on its last row only: verl sums and averages these per output
+            return AgentLoopOutput(
+                prompt_ids=prompt_ids, response_ids=list(part.response_ids), response_mask=response_mask,
+                response_logprobs=logprobs, multi_modal_data={"images": images} if images else None,
+                num_turns=part.turns,
+                metrics=AgentLoopMetrics(generate_sequences=clock.engine, tool_calls=clock.sample_tool_wait)
+                if final else AgentLoopMetrics(), extra_fields=extra_fields)
+
+        if driver.config.edits_context:
+            return row_outputs(episode, output, extra, with_logprobs)
+        images = list(episode.prompt_images) + [page.image for page in episode.images]
+        return output(episode, list(episode.loss_mask), list(episode.logprobs) if with_logprobs else None, images, extra)
