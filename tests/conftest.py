@@ -50,8 +50,11 @@ configure_cpu_defaults()  # before anything imports vLLM
 # The test engines' settings (the `engines` fixture's, and a background process's own engine).
 ENGINE_ARGS = dict(
     dtype="float32",
-    max_model_len=2048,
-    max_num_batched_tokens=4096,
+    # 4096: a 12-turn native tool-call episode is ~3200 tokens (tests/rollout/test_context_segments.py);
+    # no slower to start nor larger than 2048 (the profile run is max_num_batched_tokens long, the
+    # KV cache a fixed size), and the same tokens and log-probs
+    max_model_len=4096,
+    max_num_batched_tokens=4096,  # at least max_model_len (chunked prefill is off)
     enforce_eager=True,
     limit_mm_per_prompt={"image": 8, "video": 0},
     seed=0,

@@ -410,5 +410,5 @@ def test_a_command_whose_engine_the_shared_one_cannot_be_is_refused():
     assert engine_mismatch(dict(ENGINE_ARGS, model="m", max_model_len=1408, seed=3), ENGINE_ARGS) is None
     assert "dtype 'bfloat16'" in engine_mismatch(dict(ENGINE_ARGS, dtype="bfloat16"), ENGINE_ARGS)
     assert "logprobs_mode" in engine_mismatch(dict(ENGINE_ARGS, logprobs_mode="raw_logprobs"), ENGINE_ARGS)
-    assert "max_model_len 4096" in engine_mismatch(dict(ENGINE_ARGS, max_model_len=4096), ENGINE_ARGS)
+    assert "max_model_len 8192" in engine_mismatch(dict(ENGINE_ARGS, max_model_len=8192), ENGINE_ARGS)
     assert "images 9" in engine_mismatch(dict(ENGINE_ARGS, limit_mm_per_prompt={"image": 9}), ENGINE_ARGS)

@@ -80,11 +80,21 @@ def test_a_broken_edit_is_caught(edited):
     assert not report.ok and any(f.check == "forward" and f.sample == row for f in report.failures), report.human()
 
 
+# every family and both formats run the 12-turn episode (one format per family: the rollout and
+# the forward pass over a 12-turn episode's 20 rows are the costly part)
 LONG = [("qwen2-vl", "tags"), ("qwen2.5-vl", "tool_call"), ("qwen3-vl", "tags")]
+TURNS = 12
+# Lengths that hold 12 turns: the tiny tokenizer spends about 90 tokens on a tags turn and 190 on
+# a native one (its call's JSON and the tool turn around the result), and a row keeps every turn's
+# text (only pages become stubs); the native format's prompt carries the tool schemas (~870
+# tokens). The engine sees prompt + row: ~260 + ~1300, or ~870 + ~2300 (the session's engines
+# hold 4096, tests/conftest.py).
+LONG_LENGTHS = {"tags": dict(prompt_length=384, response_length=1664),
+                "tool_call": dict(prompt_length=896, response_length=3200)}
 
 
 def search_only(action_format: str) -> str:
-    """Every turn: a short thought and one search (12 turns fit the test engine's length)."""
+    """Every turn: a short thought and one search."""
     fmt = format_named(action_format)
     prefix = fmt.call_prefix if fmt.renders_tools else ""
     return "<think>[a-z]{1,3}</think>" + prefix + fmt.regex_search(QUERIES)
@@ -92,32 +102,81 @@ def search_only(action_format: str) -> str:
 
 @pytest.mark.parametrize("family, action_format", LONG)
 def test_long_episodes_keeping_the_last_two_turns_of_images(family, action_format, family_models, tmp_path):
-    """Every turn searches (a grammar): 12 turns (6 in the native format), two pages each; only the last two turns' pages
+    """Every turn searches (a grammar): 12 turns, two pages each; only the last two turns' pages
     stay images. Each row holds at most three turns of pages (two kept, plus the turn it ends
-    on), every row passes `check` and the live guard, and the episode's rows hold every turn."""
+    on), every row passes `check`, the live guard and the forward pass (the grammar replayed),
+    and the episode's rows hold every turn."""
     model = family_models(family)
-    # the test engine holds 2048 tokens; the tiny tokenizer spends about 200 on a tool turn and
-    # its call, so the native format runs 6 turns there (a turn's sampled text stays in the context)
-    turns, lengths = (6, dict(prompt_length=896, response_length=1152)) if action_format == "tool_call" else \
-        (12, dict(prompt_length=384, response_length=1664))
     rollout = roll(model.model_dir, model.processor, model.llm, sample_prompts(1), tmp_path / "long.pt",
                    calculate_log_probs=True, action_format=action_format, action_regex=search_only(action_format),
-                   first_turn_action_regex=None, top_n=2, max_turns=turns, context_keep_turns=2, **lengths)
+                   first_turn_action_regex=None, top_n=2, max_turns=TURNS, context_keep_turns=2,
+                   **LONG_LENGTHS[action_format])
     output = rollout.output
     columns, pad = output.non_tensor_batch, model.processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     last = [r for r in range(len(output)) if columns["termination_reason"][r] != "context_edit"]
-    assert [int(columns["num_turns"][r]) for r in last] == [turns, turns], "the episodes did not run every turn"
-    assert len(output) == 2 * (turns - 2)  # from turn 4 on, an edit before every turn: a row each
+    assert [int(columns["num_turns"][r]) for r in last] == [TURNS, TURNS], "the episodes did not run every turn"
+    assert len(output) == 2 * (TURNS - 2)  # from turn 4 on, an edit before every turn: a row each
     largest_page = max(int(image.width * image.height) for m in columns["multi_modal_data"] for image in
                        (pixels(e) for e in m["images"])) // (model.processor.image_processor.patch_size
                                                             * model.processor.image_processor.merge_size) ** 2
     visual = (output.batch["responses"] == pad).sum(-1)
     assert int(visual.max()) <= 3 * 2 * largest_page
     shown = sum(len(turn) for turn in columns["page_ids"][last[0]])
-    assert shown == 2 * turns - 2 and int(visual[last[0]]) < shown * largest_page / 2  # most pages became stubs
-    report = check_batch(load_rollout(rollout.path), model.model_dir)
+    assert shown == 2 * TURNS - 2 and int(visual[last[0]]) < shown * largest_page / 2  # most pages became stubs
+    saved = load_rollout(rollout.path)
+    report = check_batch(saved, model.model_dir)
     assert report.ok, report.human()
     assert Guard(model.model_dir, positions_fraction=1.0).inspect(output, rollout.config).ok
+    # The rows are what the engine saw: every sampled token's rollout log-prob is the forward
+    # pass's over the row as stored (stubs and kept pages included) under the turn's grammar.
+    compared, gap = grammar_forward_gap(saved, model.model_dir)
+    assert compared > 0 and gap < 1e-3, (compared, gap)
+
+
+def grammar_forward_gap(saved, model_dir) -> tuple[int, float]:
+    """(tokens compared, largest gap) between each row's rollout log-probs and the family's
+    forward pass with the action grammar replayed: `check --forward` can only bound a constrained
+    log-prob from below (it is several nats above the unconstrained one for the tiny models),
+    so here xgrammar (vLLM's grammar backend) masks the logits as the engine did, turn by turn,
+    and the log-probs must be equal."""
+    import xgrammar
+
+    from vrag_rollout.verify.check.oracle import load_oracle, token_types
+
+    oracle = load_oracle(str(model_dir))
+    model, width, t = oracle.language_model(), oracle.logits_width, saved.tensors
+    assert saved.config.get("temperature") in (None, 1.0) and saved.config.get("top_k") in (None, -1, 0)
+    bias = torch.zeros(width)
+    for token, value in dict(saved.meta["logit_bias"]).items():
+        bias[int(token)] = float(value)
+    info = xgrammar.TokenizerInfo.from_huggingface(oracle.tokenizer, vocab_size=width)
+    grammar = xgrammar.GrammarCompiler(info).compile_regex(saved.config["action_regex"])
+    mask = xgrammar.allocate_token_bitmask(1, width)
+    P = t["prompts"].shape[1]
+    compared, worst = 0, 0.0
+    for row in range(len(saved)):
+        ids = t["input_ids"][row][t["attention_mask"][row].bool()][None]
+        kwargs = token_types(model.forward, (ids == oracle.image_pad).int())
+        images = saved.decoded_images(row)
+        if images:
+            processed = oracle.processor.image_processor(images=images, return_tensors="pt")
+            kwargs.update(pixel_values=processed["pixel_values"], image_grid_thw=processed["image_grid_thw"])
+        keep = ids.shape[1] - int(t["attention_mask"][row, :P].sum()) + 1  # response position k: logits[k]
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), logits_to_keep=keep,
+                           **kwargs).logits[0, -keep:].float() + bias
+        sampled = t["loss_mask"][row].nonzero().flatten()
+        for turn in t["turn_ids"][row, sampled].unique().tolist():
+            matcher = xgrammar.GrammarMatcher(grammar)  # a turn starts the grammar again
+            for k in sampled[t["turn_ids"][row, sampled] == turn].tolist():
+                token = int(t["responses"][row, k])
+                matcher.fill_next_token_bitmask(mask)
+                masked = logits[k][None].clone()
+                xgrammar.apply_token_bitmask_inplace(masked, mask)
+                gap = abs(float(torch.log_softmax(masked[0], -1)[token]) - float(t["rollout_log_probs"][row, k]))
+                compared, worst = compared + 1, max(worst, gap)
+                matcher.accept_token(token)
+    return compared, worst
 
 
 @pytest.mark.parametrize("family", ["qwen2-vl", "qwen3-vl"])  # Qwen3-VL: another patch size and minimum

@@ -77,7 +77,7 @@ def roll(model, url, box, action_format="tags", rollout_mode="continuous"):
     else:
         grammar = dict(first_turn_action_regex=tool_call_regex("fetch", {"page": 2, "mode": "image"}),
                        action_regex=tool_call_regex("crop", {"page": 2, "bbox": list(box)}), prompt_length=1280,
-                       response_length=768)  # the shared engine's context is 2048
+                       response_length=768)  # prompt + response within 2048
     with RetrieverClient(url) as client:
         agent = make_agent(model.model_dir, model.processor, model.llm, client, n=1, max_turns=3, region_action=True,
                            action_format=action_format, rollout_mode=rollout_mode, **grammar)
