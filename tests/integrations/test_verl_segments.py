@@ -363,7 +363,9 @@ def test_grpo_counts_each_episode_once_whatever_its_rows(rollouts):
     ({**TRAINER, "algorithm": {"adv_estimator": "rloo"}}, RecordingV1Worker,
      r"adv_estimator=rloo is computed by verl per row.*algorithm\.adv_estimator=grpo"),
     ({"trainer": {"use_v1": True}}, RecordingV1Worker, r"adv_estimator=gae"),  # verl's default estimator
-], ids=["legacy-worker", "verls-v1-worker", "seq-mean", "rloo", "default-gae"])
+    ({**TRAINER, "algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": True}}, RecordingV1Worker,
+     r"use_kl_in_reward=True puts a KL penalty in every row's reward.*use_kl_loss=True"),
+], ids=["legacy-worker", "verls-v1-worker", "seq-mean", "rloo", "default-gae", "kl-in-reward"])
 def test_a_trainer_that_would_weigh_rows_is_refused_before_sampling(trainer, worker_class, message, tiny_model_dir,
                                                                     tiny_processor, tiny_llm):
     worker = v1_worker(tiny_model_dir, tiny_llm, settings_for(tiny_processor, **FREE), trainer=trainer,

@@ -36,6 +36,8 @@ Who takes a list (`refuse_unfit_trainer`, at loop init, before anything samples)
   disjoint trained tokens (each row trains only its own turns), so every sampled token counts
   once, as in one row; the `seq-mean-*` modes weigh rows (an episode of k rows would weigh about
   k times one of one row): refused.
+- KL: `algorithm.use_kl_in_reward` puts a penalty on every row's rewards, of which GRPO above reads
+  the last row's only: refused (`use_kl_loss` keeps the KL term per token, in the loss).
 """
 
 from __future__ import annotations
@@ -139,6 +141,11 @@ def refuse_unfit_trainer(rollout_config: Any, trainer_config: Any, worker: Any) 
             "sequence: an episode of k rows would weigh about k times an episode of one. Set "
             "actor_rollout_ref.actor.loss_agg_mode=token-mean (each sampled token counts once: an episode's rows "
             "train disjoint tokens), or drop the context policy")
+    if _select(trainer_config, "algorithm.use_kl_in_reward", False):
+        raise ValueError(
+            f"vrag_agent: {_POLICY}, and algorithm.use_kl_in_reward=True puts a KL penalty in every row's reward, "
+            "while GRPO here reads an episode's last row only: the earlier rows' penalty would be lost. Use "
+            "actor_rollout_ref.actor.use_kl_loss=True for the KL term, or drop the context policy")
     estimator = _select(trainer_config, "algorithm.adv_estimator", VERL_ADV_ESTIMATOR)
     estimator = str(getattr(estimator, "value", estimator))  # verl's AdvantageEstimator enum, or its name
     if estimator not in EPISODE_ESTIMATORS:
