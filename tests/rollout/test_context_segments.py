@@ -104,7 +104,7 @@ def search_only(action_format: str) -> str:
 def test_long_episodes_keeping_the_last_two_turns_of_images(family, action_format, family_models, tmp_path):
     """Every turn searches (a grammar): 12 turns, two pages each; only the last two turns' pages
     stay images. Each row holds at most three turns of pages (two kept, plus the turn it ends
-    on), every row passes `check`, the live guard and the forward pass (the grammar replayed),
+    on), every row passes `check` with its forward pass (the grammar replayed) and the live guard,
     and the episode's rows hold every turn."""
     model = family_models(family)
     rollout = roll(model.model_dir, model.processor, model.llm, sample_prompts(1), tmp_path / "long.pt",
@@ -123,60 +123,13 @@ def test_long_episodes_keeping_the_last_two_turns_of_images(family, action_forma
     assert int(visual.max()) <= 3 * 2 * largest_page
     shown = sum(len(turn) for turn in columns["page_ids"][last[0]])
     assert shown == 2 * TURNS - 2 and int(visual[last[0]]) < shown * largest_page / 2  # most pages became stubs
-    saved = load_rollout(rollout.path)
-    report = check_batch(saved, model.model_dir)
+    # the rows are what the engine saw: every sampled token's rollout log-prob is the forward pass's
+    # over the row as stored (stubs and kept pages included), each turn's grammar replayed as vLLM applied it
+    report = check_batch(load_rollout(rollout.path), model.model_dir, forward=True)
     assert report.ok, report.human()
+    assert report.forward["grammar_replayed"] and report.forward["tokens"] > 0
+    assert report.forward["max_gap"] < 1e-3, report.human()
     assert Guard(model.model_dir, positions_fraction=1.0).inspect(output, rollout.config).ok
-    # The rows are what the engine saw: every sampled token's rollout log-prob is the forward
-    # pass's over the row as stored (stubs and kept pages included) under the turn's grammar.
-    compared, gap = grammar_forward_gap(saved, model.model_dir)
-    assert compared > 0 and gap < 1e-3, (compared, gap)
-
-
-def grammar_forward_gap(saved, model_dir) -> tuple[int, float]:
-    """(tokens compared, largest gap) between each row's rollout log-probs and the family's
-    forward pass with the action grammar replayed: `check --forward` can only bound a constrained
-    log-prob from below (it is several nats above the unconstrained one for the tiny models),
-    so here xgrammar (vLLM's grammar backend) masks the logits as the engine did, turn by turn,
-    and the log-probs must be equal."""
-    import xgrammar
-
-    from vrag_rollout.verify.check.oracle import load_oracle, token_types
-
-    oracle = load_oracle(str(model_dir))
-    model, width, t = oracle.language_model(), oracle.logits_width, saved.tensors
-    assert saved.config.get("temperature") in (None, 1.0) and saved.config.get("top_k") in (None, -1, 0)
-    bias = torch.zeros(width)
-    for token, value in dict(saved.meta["logit_bias"]).items():
-        bias[int(token)] = float(value)
-    info = xgrammar.TokenizerInfo.from_huggingface(oracle.tokenizer, vocab_size=width)
-    grammar = xgrammar.GrammarCompiler(info).compile_regex(saved.config["action_regex"])
-    mask = xgrammar.allocate_token_bitmask(1, width)
-    P = t["prompts"].shape[1]
-    compared, worst = 0, 0.0
-    for row in range(len(saved)):
-        ids = t["input_ids"][row][t["attention_mask"][row].bool()][None]
-        kwargs = token_types(model.forward, (ids == oracle.image_pad).int())
-        images = saved.decoded_images(row)
-        if images:
-            processed = oracle.processor.image_processor(images=images, return_tensors="pt")
-            kwargs.update(pixel_values=processed["pixel_values"], image_grid_thw=processed["image_grid_thw"])
-        keep = ids.shape[1] - int(t["attention_mask"][row, :P].sum()) + 1  # response position k: logits[k]
-        with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), logits_to_keep=keep,
-                           **kwargs).logits[0, -keep:].float() + bias
-        sampled = t["loss_mask"][row].nonzero().flatten()
-        for turn in t["turn_ids"][row, sampled].unique().tolist():
-            matcher = xgrammar.GrammarMatcher(grammar)  # a turn starts the grammar again
-            for k in sampled[t["turn_ids"][row, sampled] == turn].tolist():
-                token = int(t["responses"][row, k])
-                matcher.fill_next_token_bitmask(mask)
-                masked = logits[k][None].clone()
-                xgrammar.apply_token_bitmask_inplace(masked, mask)
-                gap = abs(float(torch.log_softmax(masked[0], -1)[token]) - float(t["rollout_log_probs"][row, k]))
-                compared, worst = compared + 1, max(worst, gap)
-                matcher.accept_token(token)
-    return compared, worst
 
 
 @pytest.mark.parametrize("family", ["qwen2-vl", "qwen3-vl"])  # Qwen3-VL: another patch size and minimum

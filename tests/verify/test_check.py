@@ -64,15 +64,35 @@ def test_forward_follows_temperature_top_k_and_top_p(tempered_rollout):
     assert not check_batch(saved, tempered_rollout.model_dir, forward=True).ok
 
 
-def test_forward_under_a_grammar_says_so_instead_of_failing(grammar_rollout, capsys):
+def test_forward_under_a_grammar_replays_it_and_compares_exactly(grammar_rollout, capsys):
+    """The batch records its grammars: each turn's is replayed as vLLM applied it (xgrammar), so
+    the constrained log-probs are compared, not excused."""
     code = cli_main(["check", str(grammar_rollout.path), "--model", str(grammar_rollout.model_dir), "--forward"])
     out = capsys.readouterr().out.strip().splitlines()
     verdict = json.loads(out[-1])
     assert code == 0 and verdict["ok"], "\n".join(out)
-    assert verdict["forward"]["grammar"] is True
-    assert verdict["forward"]["max_gap"] > 1e-2  # constrained logprobs really differ ...
-    assert any("grammar" in note for note in verdict["notes"])  # ... and the report says why
-    assert out[-2].startswith("PASS (logprobs not compared to the forward pass: an action grammar")  # in the verdict
+    assert verdict["forward"]["grammar"] is True and verdict["forward"]["grammar_replayed"] is True
+    assert verdict["forward"]["tokens"] > 0 and verdict["forward"]["max_gap"] < 1e-3
+    assert any("replayed" in note for note in verdict["notes"]) and out[-2] == "PASS"
+
+
+def test_a_grammar_the_tokens_do_not_follow_fails_the_replay(grammar_rollout):
+    saved = load_rollout(grammar_rollout.path)
+    # the same batch read against a grammar whose answers are digits only: the sampled answers break it
+    saved.config["action_regex"] = saved.config["action_regex"].replace("<answer>[a-z0-9 ]", "<answer>[0-9]")
+    report = check_batch(saved, grammar_rollout.model_dir, forward=True)
+    assert any("does not allow there" in f.message for f in report.failures), report.human()
+
+
+def test_forward_under_an_unrecorded_grammar_says_so_instead_of_failing(grammar_rollout):
+    saved = load_rollout(grammar_rollout.path)
+    saved.config.pop("action_regex"), saved.config.pop("first_turn_action_regex", None)  # as a trainer pickle
+    report = check_batch(saved, grammar_rollout.model_dir, forward=True)
+    assert report.ok, report.human()
+    assert report.forward["grammar"] is True and report.forward["grammar_replayed"] is False
+    assert report.forward["max_gap"] > 1e-2  # constrained logprobs really differ ...
+    assert any("grammar" in note for note in report.notes)  # ... and the report says why
+    assert report.human().splitlines()[-1].startswith("PASS (logprobs not compared to the forward pass: an action")
 
 
 def test_the_verdict_of_a_grammar_free_forward_check_is_plain(free_rollout, capsys):
@@ -125,6 +145,9 @@ def test_forward_under_a_grammar_still_catches_impossible_logprobs(grammar_rollo
     row = 1
     position = int(saved.tensors["loss_mask"][row].nonzero()[3])
     saved.tensors["rollout_log_probs"][row, position] = -60.0
+    report = check_batch(saved, grammar_rollout.model_dir, forward=True)
+    caught(report, "forward", row, P + position, "under the replayed grammar")
+    saved.config.pop("action_regex"), saved.config.pop("first_turn_action_regex", None)  # unrecorded: the bound
     report = check_batch(saved, grammar_rollout.model_dir, forward=True)
     caught(report, "forward", row, P + position, "below the unconstrained")
 

@@ -8,8 +8,12 @@ model's softmax, or "processed_logprobs", the one sampled from (logits plus the 
 recorded in `meta_info["logit_bias"]` or else the documented `BANNED_BIAS` on every vision
 special token, over the config's temperature, within its top-k / top-p). It fails when the max
 gap exceeds `tolerance`. Under an action grammar the rollout's logprobs are those of the
-constrained distribution: the gap is reported, not failed, and the one property that holds (a
-constrained logprob is never below the unconstrained one) is checked instead. A grammar on the
+constrained distribution: where the batch records its grammars (`action_regex`,
+`first_turn_action_regex` in its config) and xgrammar is installed, the grammar is replayed
+(`grammar_replay.py`) and every token is compared in the distribution its turn's grammar left,
+failed as without a grammar (a sampled token the grammar does not allow fails too); otherwise the
+gap is reported, not failed, and the one property that holds (a constrained logprob is never
+below the unconstrained one) is checked instead. A grammar on the
 first turn only (`first_turn_action_regex` without `action_regex`) constrains the tokens of turn 1
 (`turn_ids`): every later turn is compared and failed as without a grammar (`stats["free_tokens"]`,
 `stats["free_max_gap"]`). It returns (failures, stats for `Report.forward` or None, notes).
@@ -23,6 +27,7 @@ from typing import Any, Optional
 import torch
 
 from ..saved_batch import SavedBatch
+from .grammar_replay import GrammarReplay
 from .oracle import ModelOracle, token_types
 from .report import Failure
 from .rows import Row, first_bad
@@ -43,6 +48,10 @@ def check_forward(saved: SavedBatch, oracle: ModelOracle, rows: list[Row], proce
     grammar = bool(saved.action_grammar)
     first_turn_only = grammar and _first_turn_grammar_only(saved)
     turn_ids = t.get("turn_ids") if first_turn_only else None
+    # the grammar as vLLM applied it, where the batch records it: grammar turns compared exactly
+    replay = GrammarReplay.of(saved, oracle.tokenizer, oracle.logits_width,
+                                                       oracle.eos_ids) if grammar else None
+    rejected: list[Failure] = []
     free_gaps: list[torch.Tensor] = []
     free_worst = (0.0, None, None)
     distribution = _SampledDistribution.of(saved, oracle)
@@ -68,9 +77,17 @@ def check_forward(saved: SavedBatch, oracle: ModelOracle, rows: list[Row], proce
         with torch.no_grad():
             logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), logits_to_keep=keep,
                            **kwargs).logits[0, -keep:].float()
-        logprobs = distribution.logprobs(logits)
         targets = row.responses[sampled]
-        forward = logprobs[sampled, targets]
+        if replay is not None:  # each sampled token in the distribution its turn's grammar left
+            allowed, bad = replay.allowed(t["turn_ids"][row.index, sampled], targets)
+            if bad is not None:
+                rejected.append(Failure("forward", row.index, row.prompt_len + int(sampled[bad]),
+                                        "a sampled token the recorded action grammar does not allow there: "
+                                        "not the grammar the batch was sampled with, or the tokens changed"))
+            picked = logits[sampled].masked_fill(~allowed, float("-inf"))
+            forward = distribution.logprobs(picked)[torch.arange(len(sampled)), targets]
+        else:
+            forward = distribution.logprobs(logits)[sampled, targets]
         rollout = t[key][row.index, sampled].float()
         gap = (rollout - forward).abs()
         gaps.append(gap)
@@ -84,7 +101,7 @@ def check_forward(saved: SavedBatch, oracle: ModelOracle, rows: list[Row], proce
                 j = int(gap.masked_fill(~free, -1.0).argmax())
                 if float(gap[j]) > free_worst[0]:
                     free_worst = (float(gap[j]), row.index, row.prompt_len + int(sampled[j]))
-        if grammar:
+        if grammar and replay is None:
             low = first_bad(rollout < forward - tolerance)
             if low is not None:
                 below.append(Failure("forward", row.index, row.prompt_len + int(sampled[low]),
@@ -100,10 +117,11 @@ def check_forward(saved: SavedBatch, oracle: ModelOracle, rows: list[Row], proce
         "max_gap_position": worst[2],
         "tolerance": tolerance,
         "grammar": grammar,
+        "grammar_replayed": replay is not None,
         "compared": key,
         "mode": distribution.mode,
     }
-    notes, fails = list(distribution.notes), list(below)
+    notes, fails = list(distribution.notes), list(below) + rejected
     if turn_ids is not None:
         free_every = torch.cat(free_gaps) if free_gaps else torch.zeros(0)
         stats["free_tokens"] = int(free_every.numel())
@@ -114,7 +132,14 @@ def check_forward(saved: SavedBatch, oracle: ModelOracle, rows: list[Row], proce
                                  f"{tolerance:g}"))
         notes.append(f"the grammar constrained turn 1 only: {stats['free_tokens']} tokens of later turns compared "
                      f"(max gap {stats['free_max_gap']:.3g})")
-    if grammar:
+    if replay is not None:
+        notes.append("the action grammar the batch records was replayed (xgrammar, as vLLM applies it): every "
+                     "sampled token compared in the distribution its turn's grammar left")
+        if stats["max_gap"] > tolerance:
+            fails.append(Failure("forward", worst[1], worst[2], f"rollout logprob differs from the forward pass "
+                                 f"under the replayed grammar by {stats['max_gap']:.4g} > {tolerance:g} "
+                                 f"(mean {stats['mean_gap']:.3g})"))
+    elif grammar:
         notes.append("an action grammar (action_regex) was active: rollout logprobs are those of the "
                      "grammar-constrained distribution and differ from the unconstrained forward pass by design "
                      "(up to several nats); the gap is reported, not failed")

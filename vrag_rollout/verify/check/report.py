@@ -81,12 +81,15 @@ class Report:
             lines.append(
                 f"  forward: {f['tokens']} sampled tokens, logprob gap max {f['max_gap']:.3g} "
                 f"(sample {f['max_gap_sample']} position {f['max_gap_position']}), mean {f['mean_gap']:.3g}"
-                + (" [action grammar active: constrained logprobs]" if f.get("grammar") else "")
+                + (" [action grammar replayed: compared under it]" if f.get("grammar_replayed") else
+                   " [action grammar active: constrained logprobs]" if f.get("grammar") else "")
             )
         verdict = "PASS" if self.ok else f"FAIL: {len(self.failures)} failures " + json.dumps(self.by_check())
-        if self.ok and self.forward is not None and self.forward.get("grammar"):
+        if self.ok and self.forward is not None and self.forward.get("grammar") and not self.forward.get(
+                "grammar_replayed"):
             # the verdict itself says what was not proven, not only a note above it
             verdict += (" (logprobs not compared to the forward pass: an action grammar constrained the "
-                        "sampling, so the rollout logprobs are the grammar's; roll out without one to compare)")
+                        "sampling and the batch does not record it, so the rollout logprobs are the grammar's; save the "
+                        "rollout with its config to compare)")
         lines.append(verdict)
         return "\n".join(lines)
