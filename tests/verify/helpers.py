@@ -55,7 +55,7 @@ def drawing(width: int, height: int, seed: int) -> Image.Image:
 def pickled_trainer_batch(output: Any, path: Path) -> Path:
     """The rollout output as EasyR1's trainer holds it, pickled with the real verl DataProto:
     response_mask = the loss mask (as EasyR1's adapter hands it over), v0.3's "image" key, {"bytes": ...}
-    entries, and no vrag-rollout metadata (no token texts, family or grammar flag)."""
+    entries, and no vrag-rollout metadata (no token texts, family, grammar flag or grammars)."""
     import verl.protocol as verl_protocol
 
     mm = []
@@ -67,7 +67,8 @@ def pickled_trainer_batch(output: Any, path: Path) -> Path:
             entries.append({"bytes": buf.getvalue(), "path": None})
         mm.append({"image": entries})
     columns = {k: v for k, v in output.non_tensor_batch.items() if k != "multi_modal_data"}
-    meta = {k: v for k, v in output.meta_info.items() if k not in ("model_family", "action_grammar")}
+    meta = {k: v for k, v in output.meta_info.items()
+            if k not in ("model_family", "action_grammar", "action_regex", "first_turn_action_regex")}
     tensors = {key: value.clone() for key, value in output.batch.items()}
     tensors["response_mask"] = tensors["loss_mask"].clone()  # EasyR1 has one mask: the loss mask (docs/easyr1.md)
     proto = verl_protocol.DataProto.from_dict(

@@ -84,6 +84,20 @@ def test_a_grammar_the_tokens_do_not_follow_fails_the_replay(grammar_rollout):
     assert any("does not allow there" in f.message for f in report.failures), report.human()
 
 
+def test_a_trainer_batch_carries_its_grammars_in_its_meta(grammar_rollout):
+    """What EasyR1's worker hands back (the rollout's meta_info, no config): replayed all the same."""
+    from verl.protocol import DataProto
+
+    from vrag_rollout.verify.saved_batch import from_dataproto
+
+    output = grammar_rollout.output
+    proto = DataProto.from_dict(tensors=dict(output.batch.items()), non_tensors=dict(output.non_tensor_batch),
+                                meta_info=dict(output.meta_info))
+    report = check_batch(from_dataproto(proto, model_path=grammar_rollout.model_dir), grammar_rollout.model_dir,
+                         forward=True)
+    assert report.ok and report.forward["grammar_replayed"] and report.forward["max_gap"] < 1e-3, report.human()
+
+
 def test_forward_under_an_unrecorded_grammar_says_so_instead_of_failing(grammar_rollout):
     saved = load_rollout(grammar_rollout.path)
     saved.config.pop("action_regex"), saved.config.pop("first_turn_action_regex", None)  # as a trainer pickle

@@ -410,6 +410,10 @@ class EpisodeDriver:
         meta: dict = {"model_family": self.family.name,
                       # Under a grammar vLLM's logprobs are those of the constrained distribution (README).
                       "action_grammar": self.sampling.constrained}
+        # the grammars themselves: `check --forward` replays them (verify/check/grammar_replay.py)
+        meta.update({key: value for key, value in (("action_regex", self.sampling.action_regex),
+                                                   ("first_turn_action_regex", self.sampling.first_turn_regex))
+                     if value})
         if self.config.calculate_log_probs:
             meta["rollout_log_probs_mode"] = self.logprobs_mode or "unknown"
             # What the sampled distribution had applied, for checkers that recompute it.

@@ -234,13 +234,16 @@ def from_dataproto(data: Any, *, processor: Any = None, model_path: Optional[str
 
     recorded = _uniform(columns_in.get("rollout_meta"))  # verl's agent loop keeps it per sample
     if isinstance(recorded, Mapping):
-        for key in ("action_format", "temperature", "top_k", "top_p", "action_regex", "first_turn_action_regex"):
+        for key in ("action_format", "temperature", "top_k", "top_p"):
             if key in recorded:
                 config_dict.setdefault(key, recorded[key])
         for key, value in recorded.items():
             if key not in config_dict and key not in meta_in:
                 meta_in[key] = value
                 meta[key] = _plain(value)
+    for key in GRAMMAR_KEYS:  # the rollout's meta (or verl's rollout_meta column) records its grammars
+        if meta_in.get(key) and not config_dict.get(key):
+            config_dict[key] = meta_in[key]
     grammar = meta_in.get("action_grammar")
     if grammar is None and "action_regex" in config_dict:
         grammar = bool(config_dict["action_regex"])
@@ -266,6 +269,9 @@ def from_dataproto(data: Any, *, processor: Any = None, model_path: Optional[str
         model_path=str(model_path) if model_path is not None else None,
         source=source,
     )
+
+
+GRAMMAR_KEYS = ("action_regex", "first_turn_action_regex")
 
 
 def _uniform(column: Any) -> Any:

@@ -214,11 +214,8 @@ class VragAgentLoop(AgentLoopBase):
         refuse_grammar_under_partial_rollouts(self.driver, server_manager, self.config)
         self.eos_ids = end_of_sequence_ids(self.driver.tokenizer, self.model_path)
         config = self.driver.config
-        # the grammars too: `check` compares the free turns after a first-turn-only grammar
         self.rollout_meta = {**self.driver.rollout_meta(), "action_format": config.action_format,
-                             "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p,
-                             "action_regex": config.action_regex,
-                             "first_turn_action_regex": config.first_turn_action_regex}
+                             "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p}
         if config.calculate_log_probs:  # the engine is verl's: its logprobs mode is verl's setting
             self.rollout_meta["rollout_log_probs_mode"] = str(self.rollout_config.get("logprobs_mode",
                                                                                       VERL_LOGPROBS_MODE))
