@@ -208,6 +208,23 @@ def test_the_steps_metrics_are_computed_on_episodes(rollout):
     assert metrics(batch) == {"rows": len(batch)}  # without segments: EasyR1's own function, unchanged
 
 
+def test_the_guards_counts_cover_every_real_row(rollout):
+    """The guard's metrics (its wrapper inside, as installed) count every row it checked, pads not."""
+    from vrag_rollout.integrations.easyr1.guard import patch_trainer_metrics
+    from vrag_rollout.verify.guard import Guard, LiveGuard
+
+    model, done = rollout
+    output = trainer_view(done.output)
+    LiveGuard(Guard(model.model_dir), "drop", config=done.config)(output)  # as the adapter runs it
+    module = types.SimpleNamespace(compute_data_metrics=lambda b, use_critic=False: {"rows": len(b)})
+    patch_trainer_metrics(module)
+    batch = segments.pad_rows(output, 4)
+    batch.non_tensor_batch[segments.EPISODE_KEY] = np.arange(len(batch))
+    found = segments.make_data_metrics(module.compute_data_metrics)(batch, use_critic=False)
+    assert found["rows"] == PROMPTS * N
+    assert found.get("guard/checked") == len(done.output) > PROMPTS * N, found
+
+
 def test_a_context_policy_refuses_row_weighted_losses_and_non_outcome_estimators():
     def config(estimator="grpo", mode="token", keep=2):
         rollout = types.SimpleNamespace(edits_context=keep > 0, n=N)

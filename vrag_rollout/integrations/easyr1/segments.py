@@ -24,7 +24,8 @@ rows only after:
    over episodes, each scored by the sum of its rows' token rewards (the KL penalty of every
    row included, as one row would hold it), grouped by uid; every row gets its episode's
    advantage on its own sampled tokens, pads 0.
-6. `final_rows`: the step's data metrics are computed on episodes (final rows), not rows.
+6. `final_rows`: the step's data metrics are computed on episodes (final rows), not rows; the
+   live guard's `guard/` counts and drift on every real row (each row is checked).
 
 Weighting: EasyR1's default `loss_avg_mode: token` is a token mean per mini-batch, and an
 episode's rows hold disjoint sampled tokens (a row's context is out of its mask), so each episode
@@ -310,11 +311,22 @@ def make_compute_advantage(original: Callable, estimators: dict) -> Callable:
     return mark_patched(compute_advantage, original)
 
 
+def real_rows(batch: Any) -> list[int]:
+    pads = batch.non_tensor_batch.get(PAD_KEY)
+    return [r for r in range(len(batch)) if pads is None or not pads[r]]
+
+
 def make_data_metrics(original: Callable) -> Callable:
     def compute_data_metrics(batch: Any, *args: Any, **kwargs: Any) -> dict:
         if EPISODE_KEY not in batch.non_tensor_batch:
             return original(batch, *args, **kwargs)
-        return original(batch[final_rows(batch)], *args, **kwargs)  # per episode, as without segments
+        found = original(batch[final_rows(batch)], *args, **kwargs)  # per episode, as without segments
+        if any(key.startswith("guard/") for key in found):  # the guard's counts and drift: every real row
+            from .guard import step_metrics
+
+            found = {key: value for key, value in found.items() if not key.startswith("guard/")}
+            found.update(step_metrics(batch[real_rows(batch)]))
+        return found
 
     return mark_patched(compute_data_metrics, original)
 
