@@ -101,7 +101,7 @@ class Recording:
 
 
 class RecordingV1Worker(Recording, ray.remote(SegmentRowsWorker).__ray_metadata__.modified_class):
-    """The worker `SegmentRowsManager` spawns, as its Ray actor runs it."""
+    """The rows worker (`SegmentRowsWorker`, unguarded), as its Ray actor runs it."""
 
 
 class RecordingPlainV1Worker(Recording, V1_WORKER):
@@ -209,7 +209,7 @@ def test_each_episode_is_handed_over_as_its_rows_in_order(rollouts):
 
 
 def test_verls_own_scoring_of_rows_fails_where_the_rows_worker_scores_the_last(rollouts):
-    """Why `SegmentRowsManager`: verl 0.9.1's `_compute_score` pads the rows' (4, L) positions
+    """Why the rows worker: verl 0.9.1's `_compute_score` pads the rows' (4, L) positions
     together and fails on rows of different lengths; the rows worker's scores the last row, the
     one verl's reward managers read, and gives the reward the v1 worker stored."""
     outputs, kwargs = rollouts.handed[0]
@@ -222,17 +222,30 @@ def test_verls_own_scoring_of_rows_fails_where_the_rows_worker_scores_the_last(r
     assert rows[-1].reward_score == REWARDS[kwargs[SAMPLE_COLUMN]] and rows[0].reward_score is None
 
 
+def rope_positions(model_dir, processor, ids: torch.Tensor, grids):
+    """transformers' own `get_rope_index` of an unpadded row: the positions verl must store for it."""
+    from transformers import AutoConfig
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
+
+    with torch.device("meta"):
+        rope = Qwen2VLModel(AutoConfig.from_pretrained(model_dir))
+    pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    types = torch.zeros_like(ids, dtype=torch.int32)
+    types[ids == pad] = 1
+    extra = {"mm_token_type_ids": types[None]} \
+        if "mm_token_type_ids" in inspect.signature(rope.get_rope_index).parameters else {}
+    expected, _ = rope.get_rope_index(input_ids=ids[None], image_grid_thw=grids,
+                                      attention_mask=torch.ones_like(ids)[None], **extra)
+    return expected[:, 0]
+
+
+
 def test_each_stored_row_has_transformers_positions_and_the_processors_image_runs(rollouts, tiny_model_dir,
                                                                                   tiny_processor):
     """What the v1 worker stored for each row (verl's `_compute_multi_modal_inputs` and
     `_compute_position_ids` on that row alone) against transformers' own `get_rope_index` of the
     row and the processor's grids of the row's images: a row given another row's images, or an
     image's pad run of the wrong size, fails here."""
-    from transformers import AutoConfig
-    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
-
-    with torch.device("meta"):
-        rope = Qwen2VLModel(AutoConfig.from_pretrained(tiny_model_dir))
     pad = tiny_processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     merge = tiny_processor.image_processor.merge_size ** 2
     images_seen = 0
@@ -251,13 +264,8 @@ def test_each_stored_row_has_transformers_positions_and_the_processors_image_run
             inputs = getattr(inputs, "data", inputs)
             if images:
                 assert torch.equal(inputs["image_grid_thw"], grids)
-            types = torch.zeros_like(ids, dtype=torch.int32)
-            types[ids == pad] = 1
-            extra = {"mm_token_type_ids": types[None]} \
-                if "mm_token_type_ids" in inspect.signature(rope.get_rope_index).parameters else {}
-            expected, _ = rope.get_rope_index(input_ids=ids[None], image_grid_thw=grids,
-                                              attention_mask=torch.ones_like(ids)[None], **extra)
-            assert torch.equal(stored["position_ids"][1:], expected[:, 0]), (kwargs["uid"], i)
+            expected = rope_positions(tiny_model_dir, tiny_processor, ids, grids)
+            assert torch.equal(stored["position_ids"][1:], expected), (kwargs["uid"], i)
             assert torch.equal(stored["position_ids"][0], torch.arange(len(ids)))
             images_seen += len(images)
     assert images_seen > 0
@@ -355,7 +363,7 @@ def test_grpo_counts_each_episode_once_whatever_its_rows(rollouts):
 @pytest.mark.parametrize("trainer, worker_class, message", [
     (TRAINER, None, r"this agent-loop worker \(GuardedAgentLoopWorker\) takes exactly one output per trajectory.*"
                     r"trainer\.use_v1=True.*agent_loop_manager_class=vrag_rollout\.integrations\.verl\.v1_rows\."
-                    r"SegmentRowsManager"),
+                    r"GuardedRowsManager"),
     (TRAINER, RecordingPlainV1Worker, r"\(RecordingPlainV1Worker\) scores them with verl 0\.9\.1's "
                                       r"AgentLoopWorker\._compute_score.*agent_loop_manager_class="),
     ({**TRAINER, "actor_rollout_ref": {"actor": {"loss_agg_mode": "seq-mean-token-mean"}}}, RecordingV1Worker,

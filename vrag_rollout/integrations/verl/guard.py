@@ -43,10 +43,11 @@ model being the entry's `model_path` or `actor_rollout_ref.model.path`. `fail` r
 `GuardFailure` in the worker, which stops the step. A batch with rows of another agent loop is
 not guarded (its rows are not in our action format); the worker says so once.
 
-Not covered: verl 0.9.1's default `trainer.use_v1=true` trainer (TransferQueue: each trajectory is
-stored unpadded as it finishes and no worker ever holds the batch), which the manager refuses with
-the setting to use; the examples set `trainer.use_v1=False`. The fully asynchronous trainer's
-rollouter has workers of its own.
+Not covered here: verl 0.9.1's default `trainer.use_v1=true` trainer (TransferQueue: each
+trajectory is stored unpadded as it finishes and no worker ever holds the batch), which the manager
+refuses, naming the settings to use: its guard is `v1_rows.GuardedRowsManager` (each trajectory
+guarded in verl's v1 worker before it is stored). The examples set `trainer.use_v1=False`. The
+fully asynchronous trainer's rollouter has workers of its own.
 """
 
 from __future__ import annotations
@@ -54,7 +55,6 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-import torch
 from verl.experimental.agent_loop.agent_loop import AgentLoopManager, _agent_loop_registry
 
 from ...config import AgentRolloutConfig, guard_samples_under
@@ -62,6 +62,8 @@ from ...core.pages import pixels
 from ...verify.drift import old_log_prob_drift
 from ...verify.guard import LiveGuard, batch_counts
 from .agent_loop import AGENT_NAME, agent_config
+from .segments import MANAGER_CLASS as V1_MANAGER_CLASS  # the v1 trainer's manager (v1_rows.py)
+from .segments import ragged_tensor
 from .pages import PagedAgentLoopWorker
 
 logger = logging.getLogger(__name__)
@@ -96,24 +98,19 @@ def attach_turn_ids(batch: Any) -> bool:
     column = batch.non_tensor_batch.pop(TURN_IDS, None)
     if column is None or any(row is None for row in column):
         return False
-    width = batch.batch["responses"].shape[1]
-    turn_ids = torch.zeros((len(column), width), dtype=torch.long)
-    for row, ids in enumerate(column):
-        turn_ids[row, : len(ids)] = torch.as_tensor(list(ids)[:width], dtype=torch.long)
-    batch.batch[TURN_IDS] = turn_ids
+    batch.batch[TURN_IDS] = ragged_tensor(column, batch.batch["responses"].shape[1])
     return True
 
 
-class GuardedAgentLoopWorker(PagedAgentLoopWorker):
-    """verl's worker whose postprocessed batches go through the live guard (module docstring),
-    its pages processed once (`pages.PagedAgentLoopWorker`)."""
+class LiveGuardHolder:
+    """A verl worker's live guard, built on first use from the loop's `vrag` entry (`guard_config`),
+    numbered by the worker's index among its manager's (`set_guard_rank`: its bad-sample files'
+    `.rankR`, its draws' seed). `_built(live)` is a subclass's hook on a new guard."""
 
     guard_rank = 0
     _live: Any = _UNBUILT
-    _warned_mixed = False
 
     def set_guard_rank(self, rank: int) -> None:
-        """This worker's index among the manager's (its bad-sample files' `.rankR`)."""
         self.guard_rank, self._live = int(rank), _UNBUILT
 
     def live_guard(self) -> Optional[LiveGuard]:
@@ -121,8 +118,21 @@ class GuardedAgentLoopWorker(PagedAgentLoopWorker):
             model_path, config = guard_config(self.config)
             self._live = LiveGuard.from_config(model_path, config, rank=self.guard_rank, processor=self.processor)
             if self._live is not None:
-                self._live.rederive = self.rederive_rows
+                self._built(self._live)
         return self._live
+
+    def _built(self, live: LiveGuard) -> None:
+        pass
+
+
+class GuardedAgentLoopWorker(LiveGuardHolder, PagedAgentLoopWorker):
+    """verl's worker whose postprocessed batches go through the live guard (module docstring),
+    its pages processed once (`pages.PagedAgentLoopWorker`)."""
+
+    _warned_mixed = False
+
+    def _built(self, live: LiveGuard) -> None:
+        live.rederive = self.rederive_rows
 
     def rederive_rows(self, batch: Any, rows: list[int]) -> None:
         """What verl derived from an emptied row's tokens and images, derived again with verl's own
@@ -182,7 +192,9 @@ class GuardedAgentLoopManager(AgentLoopManager):
         if config.trainer.get("use_v1", False):
             raise ValueError("GuardedAgentLoopManager guards verl's synchronous trainer (trainer.use_v1=False): verl "
                              "0.9.1's v1 trainer stores each trajectory in its TransferQueue and never builds the "
-                             "batch in a worker. Set trainer.use_v1=False, or drop agent_loop_manager_class")
+                             "batch in a worker. For the v1 trainer set "
+                             f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={V1_MANAGER_CLASS} (the "
+                             "guard in verl's v1 worker, segment rows or not); or set trainer.use_v1=False")
         import ray
 
         self.agent_loop_workers_class = ray.remote(GuardedAgentLoopWorker)

@@ -21,8 +21,8 @@ Who takes a list (`refuse_unfit_trainer`, at loop init, before anything samples)
   output as its own TransferQueue row, keyed `{uid}_{session_id}_{i}`, scores the last output
   (verl's reward managers read `data[-1:]`) and copies its reward to the earlier ones. Its
   `_compute_score` fails on rows of different lengths with mrope positions, so the rows need
-  `v1_rows.SegmentRowsManager` (`agent_loop_manager_class`), whose worker scores the last row
-  alone. The legacy `AgentLoopWorker` (`trainer.use_v1: false`, the fully async trainer's
+  `v1_rows.GuardedRowsManager` (`agent_loop_manager_class`), whose worker scores the last row
+  alone and runs the live guard. The legacy `AgentLoopWorker` (`trainer.use_v1: false`, the fully async trainer's
   rollouter, `GuardedAgentLoopManager`) takes one output per trajectory and is refused, as is
   verl's own v1 worker where it has reward-loop workers. The worker that will take the output is
   the one whose `_run_agent_loop` builds the loop (verl instantiates a loop per trajectory, inside
@@ -52,7 +52,7 @@ import torch
 from ...core.batch import CONTEXT_EDIT, batch_rows
 
 TQ_WORKER = ("verl.trainer.ppo.v1.agent_loop_tq", "AgentLoopWorkerTQ")  # verl 0.9.1's v1 worker
-MANAGER_CLASS = "vrag_rollout.integrations.verl.v1_rows.SegmentRowsManager"  # v1_rows.MANAGER_CLASS
+MANAGER_CLASS = "vrag_rollout.integrations.verl.v1_rows.GuardedRowsManager"  # the v1 trainer's manager
 ROW_LOSS_MODES = ("token-mean", "token-sum")  # each sampled token counts once: rows need no weight
 EPISODE_ESTIMATORS = ("grpo",)  # per session in compute_advantage_for_multi_trajectories
 SEGMENT_FIELDS = ("episode_id", "segment_index", "context_length")
@@ -184,6 +184,14 @@ def row_outputs(episode: Any, make_output: Callable[..., Any], extra: dict, with
     return outputs
 
 
+def ragged_tensor(rows: Any, width: int) -> torch.Tensor:
+    """Per-row lists of ints as a `(B, width)` tensor, right-padded with 0 (as verl pads responses)."""
+    out = torch.zeros((len(rows), width), dtype=torch.long)
+    for row, values in enumerate(rows):
+        out[row, : len(values)] = torch.as_tensor(list(values)[:width], dtype=torch.long)
+    return out
+
+
 def segment_tensors(batch: Any) -> bool:
     """A DataProto built from segment rows (verl's padded layout, the outputs' `extra_fields` as
     columns) made readable by `vrag-rollout check`: the `sampled_mask` column as a `(B, R)`
@@ -193,11 +201,7 @@ def segment_tensors(batch: Any) -> bool:
     column = columns.pop(SAMPLED_MASK, None)
     if column is None or any(row is None for row in column):
         return False
-    width = batch.batch["responses"].shape[1]
-    sampled = torch.zeros((len(column), width), dtype=torch.long)
-    for row, mask in enumerate(column):
-        sampled[row, : len(mask)] = torch.as_tensor(list(mask)[:width], dtype=torch.long)
-    batch.batch[SAMPLED_MASK] = sampled
+    batch.batch[SAMPLED_MASK] = ragged_tensor(column, batch.batch["responses"].shape[1])
     batch.batch["loss_mask"] = batch.batch["response_mask"].clone()
     for name in SEGMENT_FIELDS:
         columns[name] = np.array([int(value) for value in columns[name]], dtype=np.int64)
