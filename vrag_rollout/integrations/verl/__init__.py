@@ -9,6 +9,12 @@
 - `guard`: the live guard in verl's path: `GuardedAgentLoopWorker` inspects each batch after
   verl's postprocessing, `GuardedAgentLoopManager` (verl's `agent_loop_manager_class`) spawns such
   workers and puts the `guard/` counts and per-turn drift into the trainer's metrics.
+- `segments`: a context policy's episode as one `AgentLoopOutput` per row, and the trainer
+  settings that could not train them as one episode, refused at loop init.
+- `v1_rows`: verl's v1 trainer (TransferQueue) manager and worker: rows scored by the last one,
+  each trajectory through the live guard before it is stored (`GuardedRowsManager`); `v1_view`
+  (a trajectory's rows as the guard reads them, emptied when dropped) and `v1_metrics` (the
+  verdicts into the v1 step's `guard/` metrics) are its parts.
 - `pages`: `PagedAgentLoopWorker`, whose trajectories share each page's image-processor outputs
   (the processor runs once per distinct page); the guard's worker is one.
 - `turn_estimators`: `vrag_turn` and `vrag_gigpo` in verl's advantage-estimator registry

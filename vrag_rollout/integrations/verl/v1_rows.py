@@ -61,19 +61,9 @@ R the worker's index), with `uid`, `session_id` and `global_steps` columns. Each
 `get_rope_index` comparison is drawn with probability `guard_positions_fraction` (every row is
 compared with the mrope rule regardless).
 
-**The verdict** goes in each row as its own TransferQueue field `vrag_guard` (`GUARD_COLUMN`: the
-legacy path's per-row numbers, `checked`, `bad`, `dropped`, `emptied`, `bad/<check>`, ...): the
-outputs are handed to verl as `GuardedOutput`s, whose `as_dict` (what verl stores) dumps it. verl's
-v1 trainer logs no per-row field of its own accord (`extra_fields` and `reward_extra_info` reach
-its metrics only in validation), so the manager wraps two module-level functions of
-`verl.trainer.ppo.v1.trainer_base` in the driver (`install_v1_metrics`, process-local,
-idempotent): `get_metric_data_with_optional_routed_experts`, which `_compute_metrics` calls for
-the step's rows, also reads their `vrag_guard` field (small: never the rows' `extra_fields`, which
-hold the pages' bytes) into one tensor column per count, and `compute_data_metrics`, whose result
-goes into the step's metrics, sums those columns over the step's real rows (verl's padding rows
-are left out) as `guard/checked`, `guard/bad`, `guard/dropped`, `guard/emptied`,
-`guard/bad/<check>`. The per-turn drift of the legacy path (`guard/drift/...`) is not reported:
-the rows verl reads back there carry no turn ids.
+**The verdict** goes in each row as its own TransferQueue field `vrag_guard` (the legacy path's
+per-row counts): the outputs are handed to verl as `GuardedOutput`s, whose `as_dict` (what verl
+stores) dumps it; `v1_metrics.py` turns the step's verdicts into its `guard/` metrics.
 
 Importing this module imports TransferQueue (verl's v1).
 """
@@ -83,23 +73,21 @@ from __future__ import annotations
 import contextvars
 import logging
 import random
-from dataclasses import dataclass
 from typing import Any, Optional
 
-import numpy as np
 import torch
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 
 from ...verify.check.report import Failure
-from ...verify.emptying import PAGE_COLUMNS, empty_samples
-from ...verify.guard import GUARD_COLUMN, GuardFailure, LiveGuard, apply, row_verdicts
+from ...verify.guard import GuardFailure, LiveGuard, apply, row_verdicts
 from .agent_loop import AGENT_NAME
-from .guard import LiveGuardHolder, attach_turn_ids
-from .segments import MANAGER_CLASS, SAMPLED_MASK, segment_tensors
+from .guard import LiveGuardHolder
+from .segments import MANAGER_CLASS
+from .v1_metrics import GUARD_FIELD, install_v1_metrics
+from .v1_view import Derived, empty_outputs, rows_view
 
 logger = logging.getLogger(__name__)
-GUARD_FIELD = GUARD_COLUMN  # each stored row's verdict (a TransferQueue field)
 _AGENT_NAME: contextvars.ContextVar = contextvars.ContextVar("vrag_v1_agent_name", default=None)
 
 # verl decorates its v1 worker with @ray.remote: the class it wraps is the one to extend
@@ -117,100 +105,6 @@ def guarded_output(output: AgentLoopOutput) -> GuardedOutput:
     """`output` (verl's `AgentLoopOutput`) as a `GuardedOutput`: its values, not copied; no verdict yet."""
     values = {name: getattr(output, name) for name in type(output).model_fields}
     return GuardedOutput.model_construct(_fields_set=set(output.model_fields_set), **values)
-
-
-@dataclass
-class Derived:
-    """verl's v1 derivation of one output's row: what its `_agent_loop_postprocess` stores."""
-
-    output: Any
-    input_ids: torch.Tensor  # (L,) prompt + response
-    multi_modal_inputs: Any
-    position_ids: Optional[torch.Tensor]  # (4, L) mrope, or (L,); None where verl's derivation raised
-    error: Optional[BaseException] = None  # what it raised (the row's tokens and images disagree)
-
-
-def _object_column(values: list) -> np.ndarray:
-    column = np.empty(len(values), dtype=object)
-    for i, value in enumerate(values):  # not column[:] = values: equal-length lists would broadcast
-        column[i] = value
-    return column
-
-
-def rows_view(outputs: list, derived: list[Derived], kwargs: dict, pad_id: int,
-              response_length: Optional[int] = None) -> Any:
-    """A trajectory's rows as the guard reads a batch (verl's legacy padded layout: responses
-    `response_length` wide, or as wide as the longest, which the guard reports), made of what verl's
-    v1 worker stores: each row's tokens, masks and log-probs, its derived `position_ids` at its
-    tokens, `loss_mask` = `response_mask`; the outputs' extra fields as columns (`turn_ids` and
-    `sampled_mask` as tensors), and the trajectory's `uid`, `session_id`, `global_steps`."""
-    from verl.protocol import DataProto
-
-    size = len(outputs)
-    P = max(len(output.prompt_ids) for output in outputs)
-    R = max([len(output.response_ids) for output in outputs] + [int(response_length or 0)])
-    prompts = torch.full((size, P), pad_id, dtype=torch.long)
-    responses = torch.full((size, R), pad_id, dtype=torch.long)
-    attention = torch.zeros((size, P + R), dtype=torch.long)
-    response_mask = torch.zeros((size, R), dtype=torch.long)
-    with_logprobs = all(output.response_logprobs is not None for output in outputs)
-    logprobs = torch.zeros((size, R), dtype=torch.float32) if with_logprobs else None
-    # 1 on padding, as verl's legacy `_compute_position_ids` leaves it (transformers' rope index too)
-    lead = next((row.position_ids.shape[:-1] for row in derived if row.position_ids is not None), (4,))
-    positions = torch.ones((size, *lead, P + R), dtype=torch.long)
-    for s, (output, row) in enumerate(zip(outputs, derived)):
-        p, r = len(output.prompt_ids), len(output.response_ids)
-        prompts[s, P - p:] = row.input_ids[:p]
-        responses[s, :r] = row.input_ids[p:]
-        attention[s, P - p:P + r] = 1
-        response_mask[s, :r] = torch.as_tensor(output.response_mask, dtype=torch.long)
-        if logprobs is not None:
-            logprobs[s, :r] = torch.as_tensor(output.response_logprobs, dtype=torch.float32)
-        if row.position_ids is not None:
-            positions[s, ..., P - p:P] = row.position_ids[..., :p]
-            positions[s, ..., P:P + r] = row.position_ids[..., p:]
-    tensors = {"prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], dim=1),
-               "attention_mask": attention, "response_mask": response_mask, "loss_mask": response_mask.clone(),
-               "position_ids": positions}
-    if logprobs is not None:
-        tensors["rollout_log_probs"] = logprobs
-    names = list(dict.fromkeys(name for output in outputs for name in output.extra_fields))
-    columns = {name: _object_column([output.extra_fields.get(name) for output in outputs]) for name in names}
-    for name in ("uid", "session_id", "global_steps"):
-        columns[name] = _object_column([kwargs.get(name)] * size)
-    batch = DataProto.from_dict(tensors=tensors)
-    batch.non_tensor_batch.update(columns)
-    attach_turn_ids(batch)
-    segment_tensors(batch)  # segment rows: `sampled_mask` as a tensor, the segment columns as integers
-    return batch
-
-
-def empty_outputs(outputs: list, view: Any, guard: Any, band: dict, pad_id: int) -> None:
-    """Empty every row of a dropped trajectory in place, as `emptying.empty_samples` empties the
-    rows of `view` (the rows as the guard read them): the prompt as it leaves it (its images kept
-    when their pad runs match them), one pad token of response out of the loss (verl's v1 row needs
-    a token: its reward goes on the last one), log-prob 0, no page, no turn; each row's
-    `extra_fields` a new dict (the loop's is left as it was)."""
-    empty_samples(view, list(range(len(outputs))), guard, band)
-    columns, width = view.non_tensor_batch, int(view.batch["prompts"].shape[1])
-    media = columns.get("multi_modal_data")
-    for s, output in enumerate(outputs):
-        attended = view.batch["attention_mask"][s, :width].bool()
-        kept = list(((media[s] if media is not None else None) or {}).get("images") or [])
-        images = list((output.multi_modal_data or {}).get("images") or [])[:len(kept)]
-        extra = dict(output.extra_fields)
-        for name in ("multi_modal_data", "tool_extra_fields", *PAGE_COLUMNS):
-            if name in extra and name in columns:
-                extra[name] = columns[name][s]
-        for name, value in (("image_regions", []), ("turn_ids", [0]), (SAMPLED_MASK, [0]), ("context_length", 0)):
-            if name in extra:
-                extra[name] = value
-        output.prompt_ids = view.batch["prompts"][s][attended].tolist()
-        output.response_ids, output.response_mask = [pad_id], [0]
-        if output.response_logprobs is not None:
-            output.response_logprobs = [0.0]
-        output.multi_modal_data = {"images": images} if images else None  # as the loop hands verl a row
-        output.extra_fields = extra
 
 
 class SegmentRowsWorker(_V1_WORKER):
@@ -377,73 +271,5 @@ class GuardedRowsManager(AgentLoopManagerTQ):
 
 
 
-# ---- the driver's side: the rows' verdicts into the step's metrics ----
-_PREFIX = f"{GUARD_FIELD}/"
-
-
-def verdict_columns(verdicts: list) -> dict[str, torch.Tensor]:
-    """Per count name (`checked`, `bad/<check>`, ...), a `(B,)` float column of the rows' verdicts
-    (a name missing from a row, or a row without a verdict, is 0), named `vrag_guard/<name>`."""
-    names = sorted({name for verdict in verdicts for name in (verdict or {})})
-    return {f"{_PREFIX}{name}": torch.tensor([float((verdict or {}).get(name, 0.0)) for verdict in verdicts])
-            for name in names}
-
-
-def _with_verdicts(get_metric_data: Any) -> Any:
-    import inspect
-
-    signature = inspect.signature(get_metric_data)
-    warned: list = []
-
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        data = get_metric_data(*args, **kwargs)
-        bound = signature.bind(*args, **kwargs).arguments
-        try:
-            stored = bound["kv_batch_get"](keys=bound["keys"], partition_id=bound["partition_id"],
-                                           select_fields=[GUARD_FIELD])
-            verdicts = stored[GUARD_FIELD].tolist()
-        except (KeyError, ValueError, RuntimeError) as error:  # rows no guarded worker stored
-            if not warned:
-                logger.warning("guard: the step's rows have no %s field (%s): no guard/ metrics", GUARD_FIELD, error)
-                warned.append(True)
-            return data
-        for name, column in verdict_columns(verdicts).items():
-            data[name] = column
-        return data
-
-    wrapped.vrag_guard = True
-    wrapped.__wrapped__ = get_metric_data
-    return wrapped
-
-
-def guard_counts(batch: Any) -> dict[str, float]:
-    """The step's `guard/` counts from a metrics batch's `vrag_guard/<name>` columns ({} without)."""
-    tensors = batch.batch
-    return {f"guard/{key[len(_PREFIX):]}": float(tensors[key].sum()) for key in sorted(tensors.keys())
-            if isinstance(key, str) and key.startswith(_PREFIX)}
-
-
-def _with_counts(compute_data_metrics: Any) -> Any:
-    def wrapped(batch: Any, *args: Any, **kwargs: Any) -> dict:
-        return {**compute_data_metrics(batch, *args, **kwargs), **guard_counts(batch)}
-
-    wrapped.vrag_guard = True
-    wrapped.__wrapped__ = compute_data_metrics
-    return wrapped
-
-
-def install_v1_metrics() -> None:
-    """Wrap verl's v1 `trainer_base.get_metric_data_with_optional_routed_experts` and
-    `trainer_base.compute_data_metrics` (module docstring); a second call changes nothing."""
-    import verl.trainer.ppo.v1.trainer_base as trainer_base
-
-    if not getattr(trainer_base.get_metric_data_with_optional_routed_experts, "vrag_guard", False):
-        trainer_base.get_metric_data_with_optional_routed_experts = _with_verdicts(
-            trainer_base.get_metric_data_with_optional_routed_experts)
-    if not getattr(trainer_base.compute_data_metrics, "vrag_guard", False):
-        trainer_base.compute_data_metrics = _with_counts(trainer_base.compute_data_metrics)
-
-
 __all__ = ["GUARD_FIELD", "GuardedOutput", "GuardedRowsManager", "GuardedRowsWorker", "MANAGER_CLASS",
-           "SegmentRowsWorker", "empty_outputs", "guard_counts", "guarded_output",
-           "install_v1_metrics", "rows_view", "verdict_columns"]
+           "SegmentRowsWorker", "guarded_output", "install_v1_metrics"]
