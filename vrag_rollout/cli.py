@@ -523,11 +523,6 @@ def _learn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.task != "page" and args.data is not None:  # the task brings its own questions and grammar
         raise JobInputError(f"--task {args.task} asks its own questions: it cannot learn from --data as well")
     context = context_settings(args)
-    credit = args.estimator is not None or args.turn_rewards is not None  # learn's turn credit (`Credit`)
-    if credit and (context.get("context_keep_turns") or context.get("context_keep_pages")):
-        from .config import TURN_CREDIT_WITH_SEGMENTS
-
-        raise JobInputError(TURN_CREDIT_WITH_SEGMENTS)
     samples, _truths, page_counts = learn_questions(args.data, args.batch_size, args.action_format)
     embedded = args.retriever_url is None and args.fixtures is None
     index = args.index

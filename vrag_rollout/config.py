@@ -21,10 +21,6 @@ GUARD_MODES = ("fail", "drop", "warn", "off")  # guard (verify/guard.py MODES)
 GUARD_SAMPLES_AUTO = "auto"  # guard_samples_dir: under the run's output (see the field)
 GUARD_SAMPLES_NAME = "guard_bad_samples"
 CONTEXT_EDIT_FORMS = ("stub", "thumbnail")  # context_edit_form (core/context_edit.py)
-# Turn credit (training/turn_credit.py) reads one row an episode; a context policy makes several.
-TURN_CREDIT_WITH_SEGMENTS = ("turn credit (--estimator turn|gigpo, --turn-rewards) reads one row an episode, and a "
-                             "context policy (--context-keep-turns/--context-keep-pages) cuts episodes into rows: "
-                             "use one or the other")
 
 
 def guard_samples_under(value: Optional[str], run_output: Optional[str]) -> Optional[str]:

@@ -157,28 +157,6 @@ def test_the_batch_metrics_count_every_image_shown_and_the_edits():
     assert "rollout/rows" not in collect_metrics([Episode(1, [1], [], "doc", 10, 1)], {}, 1.0)
 
 
-def test_turn_credit_refuses_a_segmented_batch():
-    """Turn credit groups and reads one row an episode: on a batch cut by context edits it would
-    group an episode's rows as samples, so it is refused (learn refuses the flags together)."""
-    from types import SimpleNamespace
-
-    import numpy as np
-    import pytest
-    import torch
-
-    from vrag_rollout.config import TURN_CREDIT_WITH_SEGMENTS
-    from vrag_rollout.training.grpo import estimator_advantages
-
-    mask = torch.ones(4, 3, dtype=torch.long)
-    batch = SimpleNamespace(batch={"loss_mask": mask, "response_mask": mask, "responses": mask},
-                            non_tensor_batch={"episode_id": np.array([0, 0, 1, 2])}, meta_info={})
-    for kwargs in ({"estimator": "turn"}, {"estimator": "grpo", "turn_rewards": [[1.0]] * 4}):
-        with pytest.raises(ValueError, match="reads one row an episode"):
-            estimator_advantages(batch, [0.0, 1.0, 0.5, 0.2], 3, **kwargs)
-    assert estimator_advantages(batch, [0.0, 1.0, 0.5, 0.2], 3).shape == (4, 3)  # GRPO is per episode
-    assert "use one or the other" in TURN_CREDIT_WITH_SEGMENTS
-
-
 def test_a_thumbnail_is_never_larger_and_a_crop_reads_the_thumbnail():
     """A page already smaller than a thumbnail (shown under a visual budget) stays as it is and
     counts as a thumbnail, so it neither grows the row nor keeps a slack's trigger firing; a page

@@ -4,6 +4,8 @@
   re-typed), over the batch's loss mask; the HF model's response log-probs; one update step.
 - `segments`: a segmented batch (context edits: several rows an episode) trained per episode: one
   GRPO advantage an episode, and loss weights that count an episode once whatever its rows.
+- `segment_credit`: turn credit on a segmented batch, per episode (the estimator over the final
+  rows, each token's advantage given to the row that trained it).
 - `estimators`: turn-level advantage estimators over per-turn rewards (grpo, turn, gigpo), pure.
 - `turn_credit`: a batch's per-turn rewards and its advantages by estimator (what `learn` calls).
 - `credit_check`: an independent check of a batch's turn credit (right turn, sampled tokens only).

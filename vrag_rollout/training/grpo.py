@@ -47,7 +47,7 @@ import torch
 
 from ..logit_bias import dense_logit_bias
 from ..core.pages import pixels
-from ..config import TURN_CREDIT_WITH_SEGMENTS
+from .segment_credit import episode_credit
 from .segments import episode_advantages, episode_ids, episode_weights
 
 IMAGE_PAD = "<|image_pad|>"
@@ -164,12 +164,15 @@ def grammar_forced(batch: Any) -> Optional[torch.Tensor]:
 def estimator_advantages(batch: Any, rewards: Any, n: int, mask_key: str = "loss_mask", estimator: str = "grpo",
                          turn_rewards: Optional[list] = None) -> torch.Tensor:
     """(B, R): `grpo_advantages` for "grpo" (of each row's summed `turn_rewards` when given: with
-    per-turn rewards off, exactly `rewards`), else `training/turn_credit.credit_advantages`. Turn
-    credit reads one row an episode: a segmented batch (context edits) is refused."""
-    if (estimator != "grpo" or turn_rewards is not None) and episode_ids(batch) is not None:
-        raise ValueError(TURN_CREDIT_WITH_SEGMENTS)
+    per-turn rewards off, exactly `rewards`), else `training/turn_credit.credit_advantages`. A
+    segmented batch (context edits) is credited per episode, as one row: "grpo" by
+    `segments.episode_advantages` (each episode's reward, or summed turn rewards, read on its final
+    row), "turn" and "gigpo" by `segment_credit.episode_credit` (the estimator over the final rows, each
+    token's advantage given to the row that trained it)."""
     if estimator == "grpo":
         return grpo_advantages(batch, rewards if turn_rewards is None else [sum(row) for row in turn_rewards], n, mask_key)
+    if episode_ids(batch) is not None:
+        return episode_credit(estimator, batch, rewards, n, mask_key, turn_rewards)
     from .turn_credit import credit_advantages
 
     return credit_advantages(estimator, batch, rewards, n, mask_key, turn_rewards)

@@ -9,6 +9,7 @@ it three times the weight. Here:
 - `episode_advantages` scores each episode once (its last row's reward), runs verl's own GRPO
   over episodes grouped by prompt, and gives every row of an episode that advantage on its own
   sampled tokens (`loss_mask`: a row's context is never trained on).
+- turn credit per episode is `segment_credit.py`'s (it reads the final rows through `rows_view`).
 - `episode_weights` is the per-token factor that makes verl's loss aggregation weigh an episode
   as it would weigh it as one row: under "token-mean" and "token-sum" nothing changes (an
   episode's rows hold disjoint sampled tokens, so its tokens enter once each); under the
@@ -17,7 +18,7 @@ it three times the weight. Here:
   policy losses are positively homogeneous in the advantage (PPO clip, dual clip), so scaling a
   token's advantage by w > 0 scales its loss by w.
 
-Invariant: for a batch without `episode_id` both are the identity (advantages are verl's GRPO as
+Invariant: for a batch without `episode_id` these are the identity (advantages are verl's GRPO as
 today, weights 1).
 """
 
@@ -71,6 +72,18 @@ def episode_advantages(batch: Any, rewards: Sequence[float], n: int, mask_key: s
     return per_row[:, None] * mask.to(torch.float32)
 
 
+def rows_view(batch: Any, rows: Sequence[int]) -> Any:
+    """`rows` of `batch` as a batch of their own (tensor and non-tensor columns, `meta_info`), read
+    as a batch without segments (no `episode_id`)."""
+    from types import SimpleNamespace
+
+    index = torch.as_tensor(list(rows), dtype=torch.long)
+    tensors = {key: batch.batch[key][index] for key in batch.batch.keys()}
+    columns = {key: np.asarray(value)[list(rows)] for key, value in batch.non_tensor_batch.items()
+               if key != "episode_id"}
+    return SimpleNamespace(batch=tensors, non_tensor_batch=columns, meta_info=dict(batch.meta_info or {}))
+
+
 SEQUENCE_MODES = ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
@@ -93,4 +106,5 @@ def episode_weights(batch: Any, loss_agg_mode: str, mask_key: str = "loss_mask")
     return (torch.tensor(share, dtype=torch.float64) * rows_per_episode).to(torch.float32)[:, None]
 
 
-__all__ = ["SEQUENCE_MODES", "episode_advantages", "episode_ids", "episode_weights", "last_rows", "prompt_rows"]
+__all__ = ["SEQUENCE_MODES", "episode_advantages", "episode_ids", "episode_weights", "last_rows", "prompt_rows",
+           "rows_view"]

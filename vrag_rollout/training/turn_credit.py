@@ -7,16 +7,21 @@ adjacent rows):
 - `batch_turn_rewards(batch, tokenizer, truths, scores, weights)`: per row, `core.turn_rewards`'
   `TurnRewards` from its `turn_page_ids`, its episode score (`scores[row]`, `core.reward`'s dict)
   and its prompt's ground truth (`truths[row // n]`); the turns' actions are decoded from each
-  turn's sampled tokens only when a part needs them (repeated query, invalid action).
+  turn's sampled tokens only when a part needs them (repeated query, invalid action). A segmented
+  batch (context edits, `episode_id`) gets them per episode, from its final row (every turn's
+  pages, the episode's score, every turn's sampled text through `sampled_mask`), and every row of
+  the episode carries that episode's `TurnRewards`.
 - `credit_advantages(estimator, batch, rewards, n, mask_key, turn_rewards)`: (B, R) advantages of
   `turn` or `gigpo`: `training/estimators`' values put on each turn's sampled tokens (`mask_key`),
   0 on every other token (today's scalar on the last turn when `turn_rewards` is None). gigpo's
-  state keys are `estimators.page_states` of `turn_page_ids`. `grpo` stays in
+  state keys are `estimators.page_states` of `turn_page_ids`; `index` (default row // n) groups
+  rows. A segmented batch goes through `training/segment_credit.episode_credit` (this, over its
+  final rows). `grpo` stays in
   `training/grpo.estimator_advantages` (verl's GRPO of each row's summed turn rewards), which
   dispatches here for the others.
 - `Credit`: what `training/learn.py` calls each step: the estimator's name, the batch's turn
   rewards, and the step's metrics (`estimator`, `reward/turn/K/mean`, `advantage/turn/K/mean|std`,
-  `reward/turn/<part>/mean`).
+  `reward/turn/<part>/mean`), over episodes (a segmented batch's final rows).
 
 Pure: the tokenizer only decodes.
 """
@@ -44,6 +49,7 @@ from .estimators import (
     turn_metrics,
     turn_values,
 )
+from .segments import episode_ids, last_rows, rows_view
 
 
 def turn_texts(batch: Any, row: int, tokenizer: Any, mask_key: str = "loss_mask") -> list:
@@ -59,14 +65,25 @@ def batch_turn_rewards(batch: Any, tokenizer: Any, truths: Sequence[Any], scores
                        weights: Any = "off", reward_weights: RewardWeights = RewardWeights()) -> list[TurnRewards]:
     weights = preset(weights)
     column = batch.non_tensor_batch["turn_page_ids"]
-    n = len(column) // len(truths)
+    ids = episode_ids(batch)
+    ends = list(range(len(column))) if ids is None else last_rows(batch)  # a segmented batch: its final rows
+    if not truths or len(ends) % len(truths):
+        raise ValueError(f"{len(ends)} episodes are not a whole number of samples of {len(truths)} prompts")
+    n = len(ends) // len(truths)  # samples a prompt; episode k answers prompt k // n
+    # a final row's earlier turns are context (out of loss_mask): their text is in sampled_mask
+    mask_key = "sampled_mask" if "sampled_mask" in batch.batch.keys() else "loss_mask"
     needs_actions = bool(weights.repeat_query or weights.invalid)
-    out = []
-    for row, pages in enumerate(column):
-        pages = [list(turn) for turn in pages]
-        actions = [turn_action(text) for text in turn_texts(batch, row, tokenizer)] if needs_actions else None
-        out.append(turn_rewards(pages, scores[row], truths[row // n], weights, reward_weights, actions))
-    return out
+    of_end = {}
+    for row in ends:
+        pages = [list(turn) for turn in column[row]]
+        actions = ([turn_action(text) for text in turn_texts(batch, row, tokenizer, mask_key)]
+                   if needs_actions else None)
+        truth = truths[(row if ids is None else int(ids[row])) // n]
+        of_end[row] = turn_rewards(pages, scores[row], truth, weights, reward_weights, actions)
+    if ids is None:
+        return [of_end[row] for row in range(len(column))]
+    end_of = {int(ids[row]): row for row in ends}
+    return [of_end[end_of[int(episode)]] for episode in ids]
 
 
 def group_ids(batch_size: int, n: int) -> np.ndarray:
@@ -75,22 +92,25 @@ def group_ids(batch_size: int, n: int) -> np.ndarray:
     return np.arange(batch_size) // n
 
 
-def credit_values(estimator: str, batch: Any, turn_rewards: Sequence[Sequence[float]], n: int) -> list:
+def credit_values(estimator: str, batch: Any, turn_rewards: Sequence[Sequence[float]], n: int,
+                  index: Sequence[Any] | None = None) -> list:
+    """Per row, per turn, the estimator's value; `index` is each row's group (default row // n)."""
     states = None
     if estimator == "gigpo":
         states = [page_states([list(t) for t in pages]) for pages in batch.non_tensor_batch["turn_page_ids"]]
-    return turn_values(estimator, turn_rewards, group_ids(len(turn_rewards), n), states)
+    return turn_values(estimator, turn_rewards, group_ids(len(turn_rewards), n) if index is None else list(index),
+                       states)
 
 
 def credit_advantages(estimator: str, batch: Any, rewards: Sequence[float], n: int, mask_key: str = "loss_mask",
-                      turn_rewards: Sequence[Sequence[float]] | None = None) -> Any:
+                      turn_rewards: Sequence[Sequence[float]] | None = None, index: Sequence[Any] | None = None) -> Any:
     if estimator not in ESTIMATORS or estimator == "grpo":
         raise ValueError(f"estimator must be turn or gigpo (grpo is training/grpo.estimator_advantages'), "
                          f"got {estimator!r}")
     if turn_rewards is None:  # today's scalar, on each row's last turn
         turn_rewards = [[0.0] * (len(pages) - 1) + [float(r)] if len(pages) else []
                         for pages, r in zip(batch.non_tensor_batch["turn_page_ids"], rewards)]
-    values = credit_values(estimator, batch, turn_rewards, n)
+    values = credit_values(estimator, batch, turn_rewards, n, index)
     return token_advantages(values, batch.batch["turn_ids"], batch.batch[mask_key])
 
 
@@ -149,9 +169,13 @@ class Credit:
         return batch_turn_rewards(batch, self.tokenizer, self.truths, scores, self.weights)
 
     def metrics(self, batch: Any, rewards: Sequence[TurnRewards], n: int) -> dict:
-        totals = [r.total for r in rewards]
-        values = credit_values(self.estimator, batch, totals, n)
-        return {"estimator": self.estimator, **turn_metrics(totals, values, [r.parts for r in rewards])}
+        """Per episode (a segmented batch's final rows: each episode once, with all its turns)."""
+        ids = episode_ids(batch)
+        ends = list(range(len(rewards))) if ids is None else last_rows(batch)
+        view, index = (batch, None) if ids is None else (rows_view(batch, ends), [int(ids[row]) // n for row in ends])
+        totals = [rewards[row].total for row in ends]
+        values = credit_values(self.estimator, view, totals, n, index)
+        return {"estimator": self.estimator, **turn_metrics(totals, values, [rewards[row].parts for row in ends])}
 
 
 __all__ = ["Credit", "batch_turn_rewards", "credit_advantages", "credit_values", "group_ids", "trainer_credit", "turn_texts"]
