@@ -55,6 +55,16 @@ def as_rows(samples: Sequence[BatchRow | Episode]) -> list[BatchRow]:
     return [s if isinstance(s, BatchRow) else BatchRow(s, s, 0) for s in samples]
 
 
+def row_training_view(part: Any) -> tuple[list[int], list[float]]:
+    """A row's own loss mask and rollout log-probs (lists over its response tokens): its context
+    (`context_length` tokens, sampled under another context) out of the loss, log-prob 0 there."""
+    context = int(getattr(part, "context_length", 0))
+    loss, logprobs = list(part.loss_mask), [float(x) for x in part.logprobs]
+    loss[:context] = [0] * min(context, len(loss))
+    logprobs[:context] = [0.0] * min(context, len(logprobs))
+    return loss, logprobs
+
+
 def response_tensors(samples: Sequence[BatchRow | Episode], spec: BatchSpec) -> dict[str, torch.Tensor]:
     """responses, response_mask (real tokens, through the final EOS), loss_mask (sampled tokens
     after the row's context), turn_ids (each token's turn from 1, the observation answering a
@@ -75,11 +85,10 @@ def response_tensors(samples: Sequence[BatchRow | Episode], spec: BatchSpec) -> 
         responses[row, :used] = torch.tensor(part.response_ids, dtype=torch.long)
         response_mask[row, :used] = 1
         sampled_mask[row, :used] = torch.tensor(part.loss_mask, dtype=torch.long)
-        logprobs[row, :used] = torch.tensor(part.logprobs, dtype=torch.float32)
+        own_loss, own_logprobs = row_training_view(part)
+        logprobs[row, :used] = torch.tensor(own_logprobs, dtype=torch.float32)
         turn_ids[row, :used] = torch.tensor(part.turn_ids, dtype=torch.long)
-        loss_mask[row] = sampled_mask[row]
-        loss_mask[row, : part.context_length] = 0  # the context was sampled under another context
-        logprobs[row, : part.context_length] = 0.0
+        loss_mask[row, :used] = torch.tensor(own_loss, dtype=torch.long)
     out = {"responses": responses, "response_mask": response_mask, "loss_mask": loss_mask, "turn_ids": turn_ids}
     if spec.segmented:
         out["sampled_mask"] = sampled_mask

@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from ...core.batch import CONTEXT_EDIT
 from .common import mark_patched
 
 EPISODE_KEY = "vrag_episode"  # step-unique episode number (the rollout's `episode_id` is per worker)
@@ -53,7 +54,6 @@ OUTCOME_ESTIMATORS = ("grpo", "rloo", "grpo_passk")  # one outcome score per seq
 MASK_KEYS = ("response_mask", "loss_mask", "sampled_mask", "token_level_scores")
 METRIC_PREFIX = "segments/"
 MARK = "__vrag_segments__"
-CONTEXT_EDIT = "context_edit"
 
 
 # ---------------------------------------------------------------------------- configuration

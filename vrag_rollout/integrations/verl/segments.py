@@ -49,7 +49,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ...core.batch import CONTEXT_EDIT, batch_rows
+from ...core.batch import CONTEXT_EDIT, batch_rows, row_training_view
 
 TQ_WORKER = ("verl.trainer.ppo.v1.agent_loop_tq", "AgentLoopWorkerTQ")  # verl 0.9.1's v1 worker
 MANAGER_CLASS = "vrag_rollout.integrations.verl.v1_rows.GuardedRowsManager"  # the v1 trainer's manager
@@ -163,12 +163,8 @@ def row_outputs(episode: Any, make_output: Callable[..., Any], extra: dict, with
     outputs = []
     for row in batch_rows([episode]):
         part, context = row.part, row.part.context_length
-        loss = list(part.loss_mask)
-        loss[:context] = [0] * min(context, len(loss))  # sampled under another context: not this row's
-        logprobs = None
-        if with_logprobs:
-            logprobs = [float(x) for x in part.logprobs]
-            logprobs[:context] = [0.0] * min(context, len(logprobs))
+        loss, own_logprobs = row_training_view(part)  # the context was sampled under another context
+        logprobs = own_logprobs if with_logprobs else None
         images = list(episode.prompt_images) + [page.image for page in part.images]
         entries = list(episode.prompt_images) + [page.entry for page in part.images]
         page_ids = [list(p) for p in part.page_ids]
