@@ -79,12 +79,12 @@ def check_forward(saved: SavedBatch, oracle: ModelOracle, rows: list[Row], proce
                            **kwargs).logits[0, -keep:].float()
         targets = row.responses[sampled]
         if replay is not None:  # each sampled token in the distribution its turn's grammar left
-            allowed, bad = replay.allowed(t["turn_ids"][row.index, sampled], targets)
+            picked = logits[sampled].contiguous()
+            bad = replay.mask(picked, t["turn_ids"][row.index, sampled], targets)
             if bad is not None:
                 rejected.append(Failure("forward", row.index, row.prompt_len + int(sampled[bad]),
                                         "a sampled token the recorded action grammar does not allow there: "
                                         "not the grammar the batch was sampled with, or the tokens changed"))
-            picked = logits[sampled].masked_fill(~allowed, float("-inf"))
             forward = distribution.logprobs(picked)[torch.arange(len(sampled)), targets]
         else:
             forward = distribution.logprobs(logits)[sampled, targets]

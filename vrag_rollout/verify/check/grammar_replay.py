@@ -12,10 +12,10 @@ end-of-sequence ids (the generation config's and the tokenizer's), here `stop_id
 
 Contract: `GrammarReplay.of(saved, tokenizer, width, stop_ids)` is None when the batch does not record its
 grammars in its config (a trainer pickle records only that one was active) or xgrammar (vLLM's
-own dependency) is not installed; else `allowed(turns, tokens)` takes one row's sampled tokens and
-their turn ids, in order, and returns a (S, width) bool tensor of the tokens the grammar allowed
-before each (all True where no grammar held the turn) and the index of the first sampled token
-the grammar does not accept (None: every turn is a sample of its grammar).
+own dependency) is not installed; else `mask(logits, turns, tokens)` takes one row's sampled
+tokens, their turn ids and the (S, width) logits before each, in order, masks in place the tokens
+the grammar did not allow (rows of free turns untouched) and returns the index of the first
+sampled token the grammar does not accept (None: every turn is a sample of its grammar).
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from typing import Any, Optional
 import torch
 
 from ..saved_batch import SavedBatch
+
+
+_COMPILERS: dict = {}  # (tokenizer, its length, logits width) -> (xgrammar compiler, {regex: compiled})
 
 
 class GrammarReplay:
@@ -42,8 +45,11 @@ class GrammarReplay:
             import xgrammar
         except ImportError:
             return None
-        compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=width))
-        cache: dict[str, Any] = {}
+        key = (getattr(tokenizer, "name_or_path", None), len(tokenizer), width)
+        if key not in _COMPILERS:  # a vocabulary's tables take a while to build: once per process
+            _COMPILERS[key] = (xgrammar.GrammarCompiler(xgrammar.TokenizerInfo.from_huggingface(
+                tokenizer, vocab_size=width)), {})
+        compiler, cache = _COMPILERS[key]
 
         def compile_once(regex: Optional[str]) -> Any:
             if not regex:
@@ -57,12 +63,13 @@ class GrammarReplay:
     def grammar_of(self, turn: int) -> Any:
         return self.compiled.get(turn, self.later)
 
-    def allowed(self, turns: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, Optional[int]]:
+    def mask(self, logits: torch.Tensor, turns: torch.Tensor, tokens: torch.Tensor) -> Optional[int]:
+        """Set to -inf, in place, the (S, width) `logits` of the tokens each sampled token's grammar did
+        not allow before it (rows of free turns untouched); the index of the first sampled token the
+        grammar does not accept, or None."""
         import xgrammar
 
-        allowed = torch.ones((len(tokens), self.width), dtype=torch.bool)
-        bitmask = xgrammar.allocate_token_bitmask(1, self.width)
-        ones = torch.zeros((1, self.width))
+        bitmask = xgrammar.allocate_token_bitmask(len(tokens), self.width)  # all allowed until filled
         rejected: Optional[int] = None
         matcher, current = None, None
         for k, (turn, token) in enumerate(zip(turns.tolist(), tokens.tolist())):
@@ -72,14 +79,12 @@ class GrammarReplay:
                     grammar, override_stop_tokens=self.stop_ids or None)
             if matcher is None:
                 continue
-            matcher.fill_next_token_bitmask(bitmask)
-            row = ones.clone()
-            xgrammar.apply_token_bitmask_inplace(row, bitmask)
-            allowed[k] = row[0] == 0
+            matcher.fill_next_token_bitmask(bitmask, k)
             if not matcher.accept_token(int(token)) and rejected is None:
                 rejected = k
                 matcher = None  # past a rejected token the grammar's state is unknown: the rest of the turn unmasked
-        return allowed, rejected
+        xgrammar.apply_token_bitmask_inplace(logits, bitmask)
+        return rejected
 
 
 __all__ = ["GrammarReplay"]
